@@ -1,0 +1,3 @@
+"""EdgeSpec: speculative generation for local GGUF models."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,157 @@
+"""Adaptive draft length: pick gamma each step to maximise the predicted speedup
+
+    S(gamma) = (1 - alpha^(gamma+1)) / ((1 - alpha) (gamma c + T(gamma+1)/T(1)))
+
+from quantities measured while generating on this machine:
+  alpha   acceptance rate of draft tokens (recent steps weigh more),
+  T(K)    seconds for a target pass over K rows (so T(K)/T(1) is the verification cost),
+  c       seconds to draft one token relative to T(1).
+gamma = 0 (plain decoding) is chosen whenever no gamma is predicted to beat it. Because alpha is
+only observed while drafting, a short probe draft is sent now and then so a change in the text
+(e.g. the model starts copying its input) is noticed.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from edgespec.runtime import Model
+from edgespec.theory import best_gamma
+
+
+def measure_pass_costs(model: Model, rows: list[int], repeats: int = 3) -> dict[int, float]:
+    """Median seconds of one target pass over K rows (logits on every row), for K in `rows`.
+
+    Decodes filler tokens from position 0 and clears the cache afterwards. Row counts are
+    interleaved across repeats so that machine noise hits them alike.
+    """
+    filler = model.tokenize(" the quick brown fox jumps over the lazy dog" * 8, add_special=False)
+    times: dict[int, list[float]] = {k: [] for k in rows}
+    for _ in range(repeats + 1):  # the first round warms caches and is discarded
+        for k in rows:
+            model.reset()
+            t = time.perf_counter()
+            model.decode(filler[:k], n_logits=k)
+            times[k].append(time.perf_counter() - t)
+    model.reset()
+    return {k: float(np.median(v[1:])) for k, v in times.items()}
+
+
+class AutoGamma:
+    label = "auto"
+
+    def __init__(
+        self,
+        gamma_max: int = 16,
+        halflife_steps: float = 8.0,
+        probe_every: int = 8,
+        probe_gamma: int = 2,
+        margin: float = 1.03,
+    ) -> None:
+        self.gamma_max = gamma_max
+        self.decay = 0.5 ** (1.0 / halflife_steps)
+        self.cost_decay = 0.5 ** (1.0 / 256)  # pass costs are a machine property: forget slowly
+        self.probe_every = probe_every
+        self.probe_gamma = probe_gamma
+        self.margin = margin  # predicted speedup must beat plain decoding by this factor
+        # Acceptance as a geometric process: successes = accepted drafts, trials = accepted +
+        # rejections; alpha_hat = successes / trials (MLE), with a weak optimistic prior.
+        self._succ = 1.0
+        self._trials = 2.0
+        self._t_sum = np.zeros(gamma_max + 2)  # decayed sums of pass seconds per row count K
+        self._t_n = np.zeros(gamma_max + 2)
+        self._draft_s = 0.0
+        self._draft_n = 0.0
+        self._since_draft = 0
+        self.last_choice = 0
+        self.last_predicted = 1.0
+        self._calibrated_for: Model | None = None
+
+    # ------------------------------------------------------------------ estimates
+    @property
+    def alpha(self) -> float:
+        return self._succ / self._trials
+
+    def cost(self, rows: int) -> float | None:
+        """Mean seconds of a target pass over `rows` rows, interpolated from measured row counts."""
+        seen = np.flatnonzero(self._t_n > 0.05)
+        if seen.size == 0:
+            return None
+        means = self._t_sum[seen] / self._t_n[seen]
+        if rows in seen:
+            return float(self._t_sum[rows] / self._t_n[rows])
+        if seen.size == 1:
+            # One measurement: assume cost grows linearly with rows (the compute-bound worst case).
+            return float(means[0] * rows / seen[0])
+        # Linear fit through the measured points, extrapolated at worst-case slope beyond them.
+        slope, icpt = np.polyfit(seen, means, 1)
+        return float(max(icpt + slope * rows, means.min()))
+
+    def t_ratio(self, rows: int) -> float:
+        t1, tk = self.cost(1), self.cost(rows)
+        if t1 is None or tk is None:
+            return float(rows)
+        return tk / t1
+
+    @property
+    def c(self) -> float:
+        t1 = self.cost(1)
+        if not self._draft_n or not t1:
+            return 0.0
+        return (self._draft_s / self._draft_n) / t1
+
+    def calibrate(self, model: Model) -> None:
+        """Seed T(K) with a few timed passes on `model` (once per loaded model; cached on it)."""
+        if self._calibrated_for is model:
+            return
+        self._calibrated_for = model
+        costs = getattr(model, "_pass_costs", None)
+        if costs is None:
+            rows = sorted({1, 2, 3, 5, 9, self.gamma_max + 1})
+            costs = measure_pass_costs(model, rows, repeats=2)
+            model._pass_costs = costs
+        for k, t in costs.items():
+            if k <= self.gamma_max + 1:
+                self._t_sum[k] += 2 * t
+                self._t_n[k] += 2
+
+    # ------------------------------------------------------------------ policy
+    def choose(self) -> int:
+        if self.cost(1) is None:
+            g = 0  # measure T(1) first
+        else:
+            g, s = best_gamma(self.alpha, self.c, self.t_ratio, self.gamma_max)
+            self.last_predicted = s
+            if s < self.margin:
+                g = 0
+            if g == 0 and self._since_draft >= self.probe_every:
+                g = self.probe_gamma
+        self.last_choice = g
+        return g
+
+    def observe(self, k: int, n_accepted: int, rows: int, target_s: float, draft_s: float) -> None:
+        if rows <= self.gamma_max + 1:
+            self._t_sum *= self.cost_decay
+            self._t_n *= self.cost_decay
+            self._t_sum[rows] += target_s
+            self._t_n[rows] += 1.0
+        if k > 0:
+            d = self.decay
+            self._succ = d * self._succ + n_accepted
+            self._trials = d * self._trials + n_accepted + (1 if n_accepted < k else 0)
+            self._draft_s = d * self._draft_s + draft_s
+            self._draft_n = d * self._draft_n + k
+            self._since_draft = 0
+        else:
+            self._since_draft += 1
+
+    def snapshot(self) -> dict:
+        return {
+            "alpha": self.alpha,
+            "c": self.c,
+            "gamma": self.last_choice,
+            "predicted_speedup": self.last_predicted,
+            "t_ratio": {int(k): round(self.t_ratio(int(k)), 3) for k in np.flatnonzero(self._t_n > 0.05)},
+        }

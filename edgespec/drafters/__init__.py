@@ -1,0 +1,42 @@
+"""Drafters propose tokens for the target to verify. One protocol, one file per way of drafting.
+
+A drafter sees only committed tokens (prompt + accepted output), so rejected guesses never leak
+into its state; a stateful drafter (a draft model with its own KV cache) rolls itself back in
+`propose` by comparing the context it is given with the one it cached.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import numpy as np
+
+
+@dataclass
+class Draft:
+    """Proposed continuation.
+
+    tokens: [k] token ids.
+    probs: [k, V] processed draft distributions q_i the tokens were sampled from, or None when the
+    drafter is deterministic (q_i is one-hot at tokens[i]; n-gram lookup, greedy drafting).
+    """
+
+    tokens: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int32))
+    probs: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+class Drafter(Protocol):
+    name: str
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        """A new generation starts from `prompt`."""
+
+    def propose(self, context: Sequence[int], gamma: int) -> Draft:
+        """Propose up to `gamma` tokens to follow `context` (prompt + committed output)."""
+
+    def close(self) -> None:
+        """Release resources (models, contexts)."""

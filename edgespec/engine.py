@@ -1,0 +1,309 @@
+"""The speculative step loop. Owns no UI and no I/O: it yields one `StepEvent` per target call.
+
+One step (Leviathan et al. 2023, Alg. 1):
+    draft   = drafter.propose(context, gamma)             # d_1..d_k
+    logits  = target.decode([x_last, d_1..d_k])           # one batched pass, rows [k+1, V]
+    n, tok  = verify(logits, draft)                       # accepted prefix + correction/bonus
+    target.truncate(...)                                  # drop rejected drafts from the KV cache
+KV discipline: between steps the target's cache holds every committed token except the newest
+one, which is the first row of the next step's batch. `--draft none` is the same loop with k = 0.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Iterator, Protocol, Sequence
+
+import numpy as np
+
+from edgespec.drafters import Draft, Drafter
+from edgespec.errors import EdgeSpecError
+from edgespec.runtime import Model, TextStream
+from edgespec.sampling import SamplingParams, verify_greedy, verify_stochastic
+
+DRAFT, TARGET, BONUS = "draft", "target", "bonus"
+
+
+class GammaPolicy(Protocol):
+    """Chooses the draft length for each step and learns from what happened."""
+
+    label: str
+
+    def choose(self) -> int: ...
+
+    def observe(self, k: int, n_accepted: int, rows: int, target_s: float, draft_s: float) -> None: ...
+
+
+class FixedGamma:
+    def __init__(self, gamma: int) -> None:
+        if gamma < 0:
+            raise EdgeSpecError(f"gamma must be >= 0, got {gamma}")
+        self.gamma = gamma
+        self.label = str(gamma)
+
+    def choose(self) -> int:
+        return self.gamma
+
+    def observe(self, k: int, n_accepted: int, rows: int, target_s: float, draft_s: float) -> None:
+        pass
+
+
+@dataclass
+class GenerationConfig:
+    max_tokens: int = 256
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    # Decode every step with at least this many rows. 2 puts the baseline on the same (batched)
+    # kernel path as verification, which is how the engine's exactness is tested (README).
+    min_batch_rows: int = 1
+    stop_at_eog: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise EdgeSpecError(f"max tokens must be >= 1, got {self.max_tokens}")
+
+
+@dataclass
+class Stats:
+    """Counters and timings of one generation; every consumer reads these, none recomputes them."""
+
+    prompt_tokens: int = 0
+    generated: int = 0
+    target_calls: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    target_s: float = 0.0
+    verify_s: float = 0.0
+    wall_s: float = 0.0
+    ttft_s: float | None = None
+    target_bytes: int = 0
+    gamma_hist: dict[int, int] = field(default_factory=dict)
+    accepted_hist: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def decode_s(self) -> float:
+        """Seconds spent producing tokens (wall time after the prompt was processed)."""
+        return max(self.wall_s - self.prefill_s, 1e-9)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated / self.decode_s
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        """Accepted draft tokens per target call."""
+        return self.accepted / self.target_calls if self.target_calls else 0.0
+
+    @property
+    def tokens_per_call(self) -> float:
+        return self.generated / self.target_calls if self.target_calls else 0.0
+
+    @property
+    def bandwidth_gb_s(self) -> float:
+        """Target weight bytes streamed per second (each target call reads all weights once)."""
+        return self.target_bytes * self.target_calls / self.decode_s / 1e9
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for name in ("tokens_per_s", "acceptance_rate", "mean_accepted", "tokens_per_call", "bandwidth_gb_s"):
+            d[name] = getattr(self, name)
+        d["gamma_hist"] = {str(k): v for k, v in sorted(self.gamma_hist.items())}
+        d["accepted_hist"] = {str(k): v for k, v in sorted(self.accepted_hist.items())}
+        return d
+
+
+@dataclass
+class StepEvent:
+    """What one target call produced.
+
+    tokens/sources/pieces are aligned: sources[i] is 'draft' (proposed and accepted), 'target'
+    (sampled by the target after a rejection, or with no draft) or 'bonus' (all drafts accepted,
+    one more from the same pass); pieces[i] is the text that token completed (may be '' while a
+    multi-byte character is still incomplete).
+    """
+
+    tokens: list[int]
+    sources: list[str]
+    pieces: list[str]
+    gamma: int  # draft length asked for this step
+    drafted: int  # draft tokens actually proposed (k <= gamma)
+    accepted: int
+    stats: Stats
+    finish_reason: str | None = None  # 'eog' | 'length' | 'context' | 'stopped' on the last event
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+
+class Engine:
+    """Runs generations of one target with an optional drafter."""
+
+    def __init__(self, target: Model, drafter: Drafter | None = None, gamma: int | GammaPolicy = 4) -> None:
+        self.target = target
+        self.drafter = drafter
+        self.gamma = FixedGamma(gamma) if isinstance(gamma, int) else gamma
+
+    @property
+    def drafter_name(self) -> str:
+        return "none" if self.drafter is None else self.drafter.name
+
+    def generate(
+        self,
+        prompt: Sequence[int],
+        config: GenerationConfig | None = None,
+        stop: threading.Event | None = None,
+    ) -> Iterator[StepEvent]:
+        """Yield one event per target call until EOG, max_tokens, a full context or `stop`."""
+        cfg = config or GenerationConfig()
+        target = self.target
+        if len(prompt) == 0:
+            raise EdgeSpecError("the prompt is empty")
+        if len(prompt) >= target.n_ctx:
+            raise EdgeSpecError(
+                f"the prompt is {len(prompt)} tokens but the context holds {target.n_ctx}; "
+                "shorten it or raise --ctx"
+            )
+        calibrate = getattr(self.gamma, "calibrate", None)
+        if calibrate is not None and self.drafter is not None:
+            calibrate(target)  # timed passes to learn T(K) on this machine; once per model
+        rng = cfg.sampling.rng()
+        stats = Stats(prompt_tokens=len(prompt), target_bytes=target.info.size_bytes)
+        stream = TextStream(target)
+        context = [int(t) for t in prompt]
+        t0 = time.perf_counter()
+
+        target.reset()
+        if len(context) > 1:
+            target.decode(context[:-1], n_logits=0)
+        if self.drafter is not None:
+            self.drafter.begin(context)
+        stats.prefill_s = time.perf_counter() - t0
+
+        while True:
+            if stop is not None and stop.is_set():
+                stats.wall_s = time.perf_counter() - t0
+                yield StepEvent([], [], [], 0, 0, 0, stats, "stopped")
+                return
+            room = target.n_ctx - target.n_past - 1  # the batch [x_last, d_1..d_k] needs k+1 slots
+            if room < 0:
+                stats.wall_s = time.perf_counter() - t0
+                yield StepEvent([], [], [], 0, 0, 0, stats, "context")
+                return
+            remaining = cfg.max_tokens - stats.generated
+            gamma = 0
+            draft = Draft()
+            ts = time.perf_counter()
+            if self.drafter is not None:
+                gamma = max(0, min(self.gamma.choose(), remaining - 1, room))
+                if gamma > 0:
+                    draft = self.drafter.propose(context, gamma)
+            td = time.perf_counter()
+            k = len(draft)
+
+            batch = [context[-1], *draft.tokens.tolist()]
+            pad = 0
+            if len(batch) < cfg.min_batch_rows:
+                pad = min(cfg.min_batch_rows - len(batch), target.n_past)
+                target.truncate(target.n_past - pad)
+                batch = context[len(context) - 1 - pad : -1] + batch
+            n_past0 = target.n_past + pad
+            logits = target.decode(batch, n_logits=k + 1)
+            tt = time.perf_counter()
+            if cfg.sampling.greedy:
+                n_acc, nxt = verify_greedy(logits, draft.tokens)
+            else:
+                n_acc, nxt = verify_stochastic(logits, draft.tokens, draft.probs, cfg.sampling, rng)
+            target.truncate(n_past0 + 1 + n_acc)  # keep x_last and the accepted drafts
+            tv = time.perf_counter()
+
+            stats.target_calls += 1
+            stats.drafted += k
+            stats.accepted += n_acc
+            stats.draft_s += td - ts
+            stats.target_s += tt - td
+            stats.verify_s += tv - tt
+            stats.gamma_hist[k] = stats.gamma_hist.get(k, 0) + 1
+            if k:
+                stats.accepted_hist[n_acc] = stats.accepted_hist.get(n_acc, 0) + 1
+            self.gamma.observe(k, n_acc, len(batch), tt - td, td - ts)
+
+            new = draft.tokens[:n_acc].tolist() + [nxt]
+            sources = [DRAFT] * n_acc + [BONUS if (k and n_acc == k) else TARGET]
+            finish = None
+            if cfg.stop_at_eog:
+                for i, tok in enumerate(new):
+                    if target.is_eog(tok):
+                        new, sources, finish = new[:i], sources[:i], "eog"
+                        break
+            if len(new) >= remaining:
+                new, sources = new[:remaining], sources[:remaining]
+                finish = finish or "length"
+            context.extend(new)
+            stats.generated += len(new)
+            pieces = [stream.push(t) for t in new]
+            if finish is not None and pieces:
+                pieces[-1] += stream.flush()
+            now = time.perf_counter()
+            if stats.ttft_s is None and new:
+                stats.ttft_s = now - t0
+            stats.wall_s = now - t0
+            yield StepEvent(new, sources, pieces, gamma, k, n_acc, stats, finish)
+            if finish is not None:
+                return
+
+
+@dataclass
+class Result:
+    """A whole generation gathered from its events (what --json prints)."""
+
+    text: str
+    tokens: list[int]
+    token_sources: list[str]
+    stats: Stats
+    finish_reason: str
+
+    def to_dict(self) -> dict:
+        return {
+            "text": self.text,
+            "tokens": self.tokens,
+            "token_sources": self.token_sources,
+            "finish_reason": self.finish_reason,
+            "stats": self.stats.to_dict(),
+        }
+
+
+def collect(events: Iterator[StepEvent]) -> Result:
+    """Run a generation to the end and gather its tokens, sources and text."""
+    tokens: list[int] = []
+    sources: list[str] = []
+    text: list[str] = []
+    last: StepEvent | None = None
+    for ev in events:
+        tokens.extend(ev.tokens)
+        sources.extend(ev.sources)
+        text.append(ev.text)
+        last = ev
+    assert last is not None
+    return Result("".join(text), tokens, sources, last.stats, last.finish_reason or "length")
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first position where two token sequences differ (None if one prefixes the other
+    and they have equal length)."""
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    if diff.size:
+        return int(diff[0])
+    return None if len(a) == len(b) else n

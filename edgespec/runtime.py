@@ -1,0 +1,359 @@
+"""Thin wrapper over llama_cpp's low-level C API.
+
+One `Model` is one loaded GGUF file plus one context (KV cache) on sequence 0. It does exactly
+what the speculative loop needs: tokenize, decode a batch with logits on its last rows, view those
+logits without copying, and roll the KV cache back to a prefix.
+
+`llama_cpp` is imported lazily so that `use_exact_library()` can put the llamafile-off build of
+llama-cpp-python first on `sys.path` before anything loads the shared library.
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import os
+import sys
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from types import ModuleType
+from typing import Callable, Literal, Sequence
+
+import numpy as np
+
+from edgespec.errors import EdgeSpecError
+
+FlashAttn = Literal["auto", "on", "off"]
+_FLASH = {"auto": -1, "off": 0, "on": 1}
+GGUF_MAGIC = b"GGUF"
+
+_lib: ModuleType | None = None
+_log_tail: list[str] = []
+
+
+def use_exact_library(site_dir: str | os.PathLike) -> None:
+    """Load llama-cpp-python from `site_dir` (the llamafile-off build) instead of the default.
+
+    Must run before anything imports llama_cpp; afterwards it would silently keep the old library.
+    """
+    if "llama_cpp" in sys.modules:
+        loaded = Path(sys.modules["llama_cpp"].__file__).resolve()
+        if Path(site_dir).resolve() not in loaded.parents:
+            raise EdgeSpecError("exact mode must be chosen before the first model is loaded")
+        return
+    if not (Path(site_dir) / "llama_cpp" / "__init__.py").is_file():
+        raise EdgeSpecError(
+            f"exact-mode library not found at {site_dir}; run scripts/setup.sh (without EDGESPEC_EXACT_LIB=0)"
+        )
+    sys.path.insert(0, str(site_dir))
+
+
+def lib() -> ModuleType:
+    """The llama_cpp module, imported on first use with llama.cpp's logging captured, not printed."""
+    global _lib
+    if _lib is None:
+        try:
+            import llama_cpp
+        except ImportError as exc:
+            raise EdgeSpecError(
+                f"llama-cpp-python is not installed ({exc}); run scripts/setup.sh"
+            ) from None
+
+        @llama_cpp.llama_log_callback
+        def _log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+            # Keep the last lines so a failed load can say why, without flooding the terminal.
+            _log_tail.append(text.decode("utf-8", "replace"))
+            del _log_tail[:-20]
+
+        llama_cpp.llama_log_set(_log, ctypes.c_void_p(0))
+        llama_cpp._edgespec_log_cb = _log  # keep the callback alive
+        llama_cpp.llama_backend_init()
+        _lib = llama_cpp
+    return _lib
+
+
+def system_info() -> str:
+    """llama.cpp's feature string (e.g. 'AVX512 = 1 | LLAMAFILE = 1 | ...')."""
+    return lib().llama_print_system_info().decode()
+
+
+def llamafile_enabled() -> bool:
+    return "LLAMAFILE = 1" in system_info()
+
+
+def _last_llama_error() -> str:
+    lines = [ln.strip() for ln in _log_tail if ln.strip()]
+    errors = [ln for ln in lines if "error" in ln.lower() or "failed" in ln.lower()]
+    return (errors or lines or ["no details from llama.cpp"])[-1]
+
+
+def check_gguf_file(path: str | os.PathLike) -> Path:
+    """Raise a one-line error unless `path` is an existing file that starts like a GGUF."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise EdgeSpecError(f"model file not found: {p}")
+    if not p.is_file():
+        raise EdgeSpecError(f"not a file: {p}")
+    with p.open("rb") as fh:
+        magic = fh.read(4)
+    if magic != GGUF_MAGIC:
+        raise EdgeSpecError(f"not a GGUF file (bad magic {magic!r}): {p}")
+    return p
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: str
+    description: str
+    n_params: int
+    size_bytes: int
+    n_vocab: int
+    n_ctx_train: int
+    vocab_type: int
+    bos: int
+    eos: int
+    add_bos: bool
+    add_eos: bool
+
+
+class Model:
+    """A GGUF model with one context. Positions and the KV cache are tracked on sequence 0.
+
+    `n_past` is the number of tokens whose keys/values are in the cache; `decode` appends at
+    `n_past`, `truncate(n)` drops everything from position n on.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        n_ctx: int = 4096,
+        n_batch: int = 512,
+        n_threads: int | None = None,
+        flash_attn: FlashAttn = "auto",
+        repack: bool = True,
+        progress: Callable[[float], None] | None = None,
+    ) -> None:
+        p = check_gguf_file(path)
+        llama = lib()
+        self.path = str(p)
+        mparams = llama.llama_model_default_params()
+        mparams.n_gpu_layers = int(os.environ.get("EDGESPEC_GPU_LAYERS", "0"))
+        # Repacked (interleaved) weight layouts use other kernels; exact mode turns them off.
+        mparams.use_extra_bufts = repack
+        if progress is not None:
+
+            @llama.llama_progress_callback
+            def _progress(fraction: float, user_data: ctypes.c_void_p) -> bool:
+                progress(float(fraction))
+                return True
+
+            mparams.progress_callback = _progress
+            self._progress_cb = _progress
+        self._model = llama.llama_model_load_from_file(self.path.encode(), mparams)
+        if not self._model:
+            raise EdgeSpecError(f"llama.cpp could not load {p.name}: {_last_llama_error()}")
+        self._vocab = llama.llama_model_get_vocab(self._model)
+        self.n_vocab = llama.llama_vocab_n_tokens(self._vocab)
+
+        n_threads = n_threads or max(1, len(os.sched_getaffinity(0)))
+        cparams = llama.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = n_batch
+        cparams.n_ubatch = n_batch
+        cparams.n_seq_max = 1
+        cparams.n_threads = n_threads
+        cparams.n_threads_batch = n_threads
+        cparams.flash_attn_type = _FLASH[flash_attn]
+        self._ctx = llama.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            llama.llama_model_free(self._model)
+            self._model = None
+            raise EdgeSpecError(f"llama.cpp could not create a context for {p.name}: {_last_llama_error()}")
+        self.n_ctx = llama.llama_n_ctx(self._ctx)
+        self.n_batch = n_batch
+        self.n_threads = n_threads
+        self.flash_attn = flash_attn
+        self.repack = repack
+        self._mem = llama.llama_get_memory(self._ctx)
+        self._batch = llama.llama_batch_init(n_batch, 0, 1)
+        # numpy views over the batch arrays: filling them is a slice assignment, not a Python loop.
+        self._b_token = np.ctypeslib.as_array(self._batch.token, shape=(n_batch,))
+        self._b_pos = np.ctypeslib.as_array(self._batch.pos, shape=(n_batch,))
+        self._b_logits = np.ctypeslib.as_array(self._batch.logits, shape=(n_batch,))
+        np.ctypeslib.as_array(self._batch.n_seq_id, shape=(n_batch,))[:] = 1
+        for i in range(n_batch):
+            self._batch.seq_id[i][0] = 0
+        self.n_past = 0
+        self._pieces: dict[int, bytes] = {}
+
+    # ----------------------------------------------------------------------------- metadata
+    @cached_property
+    def info(self) -> ModelInfo:
+        llama = lib()
+        buf = ctypes.create_string_buffer(256)
+        llama.llama_model_desc(self._model, buf, len(buf))
+        return ModelInfo(
+            path=self.path,
+            description=buf.value.decode("utf-8", "replace"),
+            n_params=llama.llama_model_n_params(self._model),
+            size_bytes=llama.llama_model_size(self._model),
+            n_vocab=self.n_vocab,
+            n_ctx_train=llama.llama_model_n_ctx_train(self._model),
+            vocab_type=llama.llama_vocab_type(self._vocab),
+            bos=llama.llama_vocab_bos(self._vocab),
+            eos=llama.llama_vocab_eos(self._vocab),
+            add_bos=bool(llama.llama_vocab_get_add_bos(self._vocab)),
+            add_eos=bool(llama.llama_vocab_get_add_eos(self._vocab)),
+        )
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = lib().llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    # ----------------------------------------------------------------------------- text
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        arr = (ctypes.c_int32 * cap)()
+        n = lib().llama_tokenize(self._vocab, data, len(data), arr, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            arr = (ctypes.c_int32 * cap)()
+            n = lib().llama_tokenize(self._vocab, data, len(data), arr, cap, add_special, parse_special)
+        return list(arr[:n])
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a token renders to (special tokens render empty)."""
+        piece = self._pieces.get(token)
+        if piece is None:
+            buf = ctypes.create_string_buffer(64)
+            n = lib().llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = lib().llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            piece = buf.raw[:n]
+            self._pieces[token] = piece
+        return piece
+
+    def token_text(self, token: int) -> str:
+        """Vocabulary text of a token (as stored in the GGUF), for pairing checks and messages."""
+        return lib().llama_vocab_get_text(self._vocab, token).decode("utf-8", "replace")
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", "replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(lib().llama_vocab_is_eog(self._vocab, token))
+
+    def chat_template(self) -> str | None:
+        tmpl = lib().llama_model_chat_template(self._model, None)
+        return tmpl.decode("utf-8", "replace") if tmpl else None
+
+    def apply_chat_template(self, messages: Sequence[dict[str, str]], add_assistant: bool = True) -> str:
+        """Render messages with the chat template stored in the GGUF metadata."""
+        llama = lib()
+        tmpl = llama.llama_model_chat_template(self._model, None)
+        if not tmpl:
+            raise EdgeSpecError(f"{Path(self.path).name} has no chat template in its metadata; drop --chat")
+        keep = [(m["role"].encode(), m["content"].encode()) for m in messages]
+        chat = (llama.llama_chat_message * len(keep))()
+        for i, (role, content) in enumerate(keep):
+            chat[i].role = role
+            chat[i].content = content
+        cap = 2 * sum(len(r) + len(c) for r, c in keep) + 512
+        buf = ctypes.create_string_buffer(cap)
+        n = llama.llama_chat_apply_template(tmpl, chat, len(keep), add_assistant, buf, cap)
+        if n > cap:
+            buf = ctypes.create_string_buffer(n)
+            n = llama.llama_chat_apply_template(tmpl, chat, len(keep), add_assistant, buf, n)
+        if n < 0:
+            raise EdgeSpecError(f"llama.cpp does not recognise the chat template of {Path(self.path).name}")
+        return buf.raw[:n].decode("utf-8", "replace")
+
+    # ----------------------------------------------------------------------------- decoding
+    def decode(self, tokens: Sequence[int], n_logits: int = 1) -> np.ndarray:
+        """Append `tokens` at position `n_past`; return logits of the last `n_logits` rows.
+
+        Returns a read-only view [n_logits, n_vocab] (float32) into llama.cpp's buffer, valid until
+        the next decode. Inputs longer than the batch are split; only the final chunk has logits.
+        """
+        n = len(tokens)
+        if n == 0:
+            raise ValueError("decode needs at least one token")
+        if n_logits > min(n, self.n_batch):
+            raise ValueError("n_logits must not exceed the tokens decoded nor the batch size")
+        if self.n_past + n > self.n_ctx:
+            raise EdgeSpecError(
+                f"context is full: {self.n_past + n} tokens do not fit in n_ctx={self.n_ctx}"
+            )
+        llama = lib()
+        toks = np.asarray(tokens, dtype=np.int32)
+        for start in range(0, n, self.n_batch):
+            chunk = toks[start : start + self.n_batch]
+            m = len(chunk)
+            self._b_token[:m] = chunk
+            self._b_pos[:m] = np.arange(self.n_past, self.n_past + m, dtype=np.int32)
+            first_out = n - n_logits - start  # index inside this chunk of the first row with logits
+            self._b_logits[:m] = 0
+            if first_out < m:
+                self._b_logits[max(first_out, 0) : m] = 1
+            self._batch.n_tokens = m
+            rc = llama.llama_decode(self._ctx, self._batch)
+            if rc != 0:
+                raise EdgeSpecError(f"llama_decode failed with code {rc}: {_last_llama_error()}")
+            self.n_past += m
+        if n_logits == 0:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        ptr = llama.llama_get_logits(self._ctx)
+        view = np.ctypeslib.as_array(ptr, shape=(n_logits, self.n_vocab))
+        view.flags.writeable = False
+        return view
+
+    def truncate(self, n: int) -> None:
+        """Roll the KV cache back so that only positions [0, n) remain."""
+        if n < self.n_past:
+            if not lib().llama_memory_seq_rm(self._mem, 0, n, -1):
+                raise EdgeSpecError("llama.cpp could not roll back the KV cache (recurrent model?)")
+            self.n_past = n
+
+    def reset(self) -> None:
+        lib().llama_memory_clear(self._mem, True)
+        self.n_past = 0
+
+    def close(self) -> None:
+        llama = _lib
+        if llama is None:
+            return
+        if getattr(self, "_batch", None) is not None:
+            llama.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "_ctx", None):
+            llama.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            llama.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class TextStream:
+    """Turns token bytes into text incrementally; a multi-byte character split across tokens is
+    emitted with the token that completes it."""
+
+    def __init__(self, model: Model) -> None:
+        self._model = model
+        self._dec = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def push(self, token: int) -> str:
+        return self._dec.decode(self._model.token_bytes(token))
+
+    def flush(self) -> str:
+        return self._dec.decode(b"", final=True)

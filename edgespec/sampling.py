@@ -1,0 +1,143 @@
+"""Logits -> processed distribution, sampling, and the two verifiers.
+
+The same `process` is applied to the target's logits (p) and to a draft model's logits (q): the
+"standardized sampling" of Leviathan et al., so that speculative sampling reproduces exactly the
+distribution a user would get by sampling the target alone with these settings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgespec.errors import EdgeSpecError
+
+# For top-p, first look at this many best tokens; sort the whole vocabulary only if they do not
+# already hold top_p of the mass (sorting 262k logits every step costs ~15 ms).
+_TOP_P_CANDIDATES = 2048
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 means greedy (argmax); top_k 0, top_p 1 and min_p 0 switch those filters off."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not np.isfinite(self.temperature) or self.temperature < 0:
+            raise EdgeSpecError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise EdgeSpecError(f"top-k must be >= 0 (0 = off), got {self.top_k}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise EdgeSpecError(f"top-p must be in (0, 1], got {self.top_p}")
+        if not (0.0 <= self.min_p < 1.0):
+            raise EdgeSpecError(f"min-p must be in [0, 1), got {self.min_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def rng(self) -> np.random.Generator:
+        return np.random.default_rng(self.seed)
+
+
+def process(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """Logits [V] -> probabilities [V] (float64, sums to 1) after temperature, top-k, top-p, min-p.
+
+    Filters are applied in that order; tokens they remove get probability exactly 0.
+    """
+    x = np.asarray(logits, dtype=np.float64) / params.temperature
+    vocab = x.shape[0]
+    if 0 < params.top_k < vocab:
+        kth = np.partition(x, vocab - params.top_k)[vocab - params.top_k]
+        x = np.where(x >= kth, x, -np.inf)
+        # Ties at the k-th value would let more than k tokens through; keep the lowest ids.
+        kept = np.flatnonzero(np.isfinite(x))
+        if kept.size > params.top_k:
+            order = kept[np.argsort(-x[kept], kind="stable")]
+            x[order[params.top_k :]] = -np.inf
+    x -= x.max()
+    probs = np.exp(x)
+    probs /= probs.sum()
+    if params.top_p < 1.0:
+        probs = _top_p(probs, params.top_p)
+    if params.min_p > 0.0:
+        probs = np.where(probs >= params.min_p * probs.max(), probs, 0.0)
+        probs /= probs.sum()
+    return probs
+
+
+def _top_p(probs: np.ndarray, top_p: float) -> np.ndarray:
+    """Keep the smallest set of most likely tokens whose mass reaches top_p (at least one)."""
+    n = probs.shape[0]
+    if n > _TOP_P_CANDIDATES:
+        cand = np.argpartition(-probs, _TOP_P_CANDIDATES)[:_TOP_P_CANDIDATES]
+        if probs[cand].sum() < top_p:
+            cand = np.arange(n)
+    else:
+        cand = np.arange(n)
+    order = cand[np.argsort(-probs[cand], kind="stable")]
+    cum = np.cumsum(probs[order])
+    n_keep = int(np.searchsorted(cum, top_p, side="left")) + 1
+    out = np.zeros_like(probs)
+    keep = order[: min(n_keep, order.size)]
+    out[keep] = probs[keep]
+    return out / out.sum()
+
+
+def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
+    """Draw one token id from a probability vector (only ids with probability > 0 can come out)."""
+    cdf = np.cumsum(probs)
+    return int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+
+
+def verify_greedy(target_logits: np.ndarray, draft: np.ndarray) -> tuple[int, int]:
+    """Greedy verification: accept drafts while they equal the target's argmax.
+
+    target_logits: [k+1, V], row i scores the token after the context plus draft[:i].
+    draft: [k] proposed token ids.
+    Returns (n_accepted, next_token): next_token is the target's argmax after the accepted prefix,
+    a correction if n_accepted < k, else the bonus token. No softmax is computed.
+    """
+    k = len(draft)
+    best = np.argmax(target_logits, axis=1)
+    mismatch = np.flatnonzero(best[:k] != np.asarray(draft))
+    n = int(mismatch[0]) if mismatch.size else k
+    return n, int(best[n])
+
+
+def verify_stochastic(
+    target_logits: np.ndarray,
+    draft: np.ndarray,
+    draft_probs: np.ndarray | None,
+    params: SamplingParams,
+    rng: np.random.Generator,
+) -> tuple[int, int]:
+    """Modified rejection sampling (Leviathan et al. 2023, Alg. 1; Chen et al. 2023).
+
+    target_logits: [k+1, V] raw target logits; p_i = process(target_logits[i]).
+    draft: [k] proposed ids; draft_probs: [k, V] the processed draft distributions q_i they were
+    sampled from, or None for a deterministic drafter (q_i = one-hot at draft[i], e.g. n-gram).
+    Accept draft[i] with probability min(1, p_i(d)/q_i(d)); on the first rejection emit a sample of
+    norm(max(0, p_i - q_i)); if all k are accepted emit a bonus sample of p_k.
+    Returns (n_accepted, next_token). The emitted tokens are distributed exactly as the target's.
+    """
+    for i, d in enumerate(np.asarray(draft).tolist()):
+        p = process(target_logits[i], params)
+        q_d = 1.0 if draft_probs is None else float(draft_probs[i][d])
+        if q_d > 0.0 and rng.random() * q_d < p[d]:
+            continue
+        if draft_probs is None:
+            residual = p.copy()
+            residual[d] = 0.0  # max(0, p - onehot(d))
+        else:
+            residual = np.maximum(p - draft_probs[i], 0.0)
+        if residual.sum() <= 0.0:  # p == q: rejection has probability 0, but be safe
+            residual = p
+        return i, sample(residual, rng)
+    return len(draft), sample(process(target_logits[len(draft)], params), rng)
