@@ -188,7 +188,7 @@ class Engine:
         if len(context) > 1:
             target.decode(context[:-1], n_logits=0)
         if self.drafter is not None:
-            self.drafter.begin(context)
+            self.drafter.begin(context, cfg.sampling)
         stats.prefill_s = time.perf_counter() - t0
 
         while True:

@@ -172,7 +172,8 @@ class Model:
             self._model = None
             raise EdgeSpecError(f"llama.cpp could not create a context for {p.name}: {_last_llama_error()}")
         self.n_ctx = llama.llama_n_ctx(self._ctx)
-        self.n_batch = n_batch
+        # llama.cpp may shrink the batch (never above the requested context); decode must not exceed it.
+        self.n_batch = min(n_batch, llama.llama_n_batch(self._ctx), llama.llama_n_ubatch(self._ctx))
         self.n_threads = n_threads
         self.flash_attn = flash_attn
         self.repack = repack

@@ -1,39 +1,94 @@
-"""Where models come from: a local .gguf path or a bundled short name (resolve())."""
+"""Where models come from: a local .gguf path, a bundled short name, a catalog name, or a Hugging
+Face Hub name (hf:ORG/REPO[:FILE]); resolve() turns any of them into a local GGUF path."""
 
 from __future__ import annotations
 
-import difflib
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from edgespec.errors import EdgeSpecError
+from edgespec.runtime import check_gguf_file
+from models import catalog
 from models.bundled import BUNDLED, DEFAULT_TARGET, bundled_path
 
 MODELS_DIR = Path(__file__).resolve().parent
+STORE_DIR = MODELS_DIR / "store"  # git-ignored; for GGUFs a user drops in by hand
+HF_PREFIX = "hf:"
 
-__all__ = ["BUNDLED", "DEFAULT_TARGET", "MODELS_DIR", "bundled_path", "resolve"]
+__all__ = ["BUNDLED", "DEFAULT_TARGET", "MODELS_DIR", "STORE_DIR", "bundled_path", "resolve", "resolve_local"]
 
 
-def resolve(name: str) -> Path:
-    """Turn what a user typed into a local GGUF path.
+def _hub():
+    # huggingface_hub takes ~1 s to import: only pay for it when a Hub model is named.
+    from models import hub
 
-    Accepts a path to a .gguf file, a bundled short name (smollm2-135m, gemma3-270m), or a file
-    name inside models/. Unknown names get a one-line error with the closest known names.
+    return hub
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.lower().endswith(".gguf") or os.sep in name or "/" in name or Path(name).exists()
+
+
+def _local_names() -> list[str]:
+    return sorted(f.name for d in (MODELS_DIR, STORE_DIR) if d.is_dir() for f in d.glob("*.gguf"))
+
+
+def _unknown(name: str) -> EdgeSpecError:
+    known = list(BUNDLED) + catalog.names() + _local_names()
+    close = catalog.close_matches(name, extra=list(BUNDLED) + _local_names())
+    hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(known)}"
+    return EdgeSpecError(f"unknown model {name!r}{hint} (or use a .gguf path or hf:ORG/REPO[:FILE])")
+
+
+def _local_file(p: Path) -> Path:
+    """A user's own file: a GGUF whose tensors are all there (a cut-short copy fails here, not in llama.cpp)."""
+    from models.inspect import read_header
+
+    check_gguf_file(p)
+    read_header(p)
+    return p
+
+
+def resolve(name: str, progress: Callable[[int, int], None] | None = None) -> Path:
+    """Turn what a user typed into a local GGUF path, downloading it first if needed.
+
+    Accepts a bundled short name (smollm2-135m, gemma3-270m), a catalog name (optionally
+    NAME:QUANT), hf:ORG/REPO[:FILE], a path to a .gguf file, or a file name in models/ or
+    models/store/. Catalog and hf: names are fetched into the Hugging Face cache (or reused from
+    it); `progress(done_bytes, total_bytes)` is called while bytes arrive. Every failure is an
+    EdgeSpecError with a one-line message.
     """
     if not name or not name.strip():
         raise EdgeSpecError("no model named")
     name = name.strip()
     if name in BUNDLED:
         return bundled_path(name)
-    p = Path(os.path.expanduser(name))
-    if p.exists() or p.suffix == ".gguf" or os.sep in name:
-        if not p.exists():
-            raise EdgeSpecError(f"model file not found: {p}")
-        return p
-    local = MODELS_DIR / name
-    if local.is_file():
-        return local
-    known = list(BUNDLED) + sorted(f.name for f in MODELS_DIR.glob("*.gguf"))
-    close = difflib.get_close_matches(name, known, n=3, cutoff=0.4)
-    hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(known)}"
-    raise EdgeSpecError(f"unknown model {name!r}{hint}")
+    if name.startswith(HF_PREFIX):
+        return _hub().pull(name, progress)
+    entry = catalog.find(name)
+    if entry is not None:
+        if entry["bundled"]:
+            return bundled_path(entry["name"])
+        return _hub().pull(f"{HF_PREFIX}{entry['repo']}:{entry['file']}", progress)
+    for folder in (MODELS_DIR, STORE_DIR):
+        if (folder / name).is_file():
+            return _local_file(folder / name)
+    if _looks_like_path(name):
+        p = Path(os.path.expanduser(name))
+        if not p.exists() and name.count("/") == 1 and not name.startswith((".", "/", "~")):
+            raise EdgeSpecError(f"model file not found: {name} (for a Hugging Face repo, write hf:{name})")
+        return _local_file(p)
+    raise _unknown(name)
+
+
+def resolve_local(name: str) -> Path | None:
+    """Like resolve() but never downloads: the local path, or None for a catalog/Hub model that is
+    not in the cache yet. Unknown names and bad files still raise EdgeSpecError."""
+    name = name.strip()
+    if name.startswith(HF_PREFIX):
+        return _hub().cached(name)
+    entry = catalog.find(name)
+    if entry is not None and not entry["bundled"]:
+        return _hub().cached(f"{HF_PREFIX}{entry['repo']}:{entry['file']}")
+    return resolve(name)

@@ -12,6 +12,8 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+from edgespec.sampling import SamplingParams
+
 
 @dataclass
 class Draft:
@@ -32,8 +34,9 @@ class Draft:
 class Drafter(Protocol):
     name: str
 
-    def begin(self, prompt: Sequence[int]) -> None:
-        """A new generation starts from `prompt`."""
+    def begin(self, prompt: Sequence[int], sampling: SamplingParams) -> None:
+        """A new generation starts from `prompt`, sampled with `sampling` (drafters that sample
+        must use the same settings so that q is processed like p)."""
 
     def propose(self, context: Sequence[int], gamma: int) -> Draft:
         """Propose up to `gamma` tokens to follow `context` (prompt + committed output)."""

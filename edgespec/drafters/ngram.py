@@ -14,6 +14,7 @@ import numpy as np
 
 from edgespec.drafters import Draft
 from edgespec.errors import EdgeSpecError
+from edgespec.sampling import SamplingParams
 
 
 class NgramDrafter:
@@ -29,7 +30,7 @@ class NgramDrafter:
         # the last committed token (so the continuation is at least one known token).
         self._index: dict[tuple[int, ...], int] = {}
 
-    def begin(self, prompt: Sequence[int]) -> None:
+    def begin(self, prompt: Sequence[int], sampling: SamplingParams | None = None) -> None:
         self._tokens = []
         self._index = {}
         self._extend(prompt)

@@ -1,0 +1,234 @@
+"""Benchmark outputs: results.json, report.md (tables per category, Spec-Bench leaderboard style)
+and plots (speedup per category, measured vs predicted speedup, T(K)/T(1) cost curve)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from edgespec.bench import BASELINE, REF_LOOKUP
+
+PLOTS = ("speedup_by_category.png", "measured_vs_predicted.png", "verify_cost.png")
+
+
+def _fmt(x: float | None, spec: str = ".2f") -> str:
+    return "–" if x is None else format(x, spec)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write via a temporary file so an interrupted write never leaves half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def report_markdown(res: dict) -> str:
+    meta = res["meta"]
+    st = meta["settings"]
+    cats = res["categories"]
+    names = [c["name"] for c in meta["configs"]]
+    order = [c for c in cats if c != "overall"] + (["overall"] if "overall" in cats else [])
+    lines = [
+        "# EdgeSpec benchmark",
+        "",
+        f"- target: `{Path(meta['target']).name}` ({meta['target_description']})",
+        f"- suites: {', '.join(f'`{s}`' for s in st['suites'])}; prompts: {meta['prompts_done']} of "
+        f"{meta['prompts_total']}{' (interrupted)' if meta['interrupted'] else ''}"
+        + (f"; skipped {len(res['skipped'])}" if res["skipped"] else ""),
+        f"- framing: {meta.get('framing', st['framing'])}; temperature {st['temperature']}; max tokens "
+        f"{st['max_tokens']}; repeats {st['repeats']} (interleaved, rotating order, medians)",
+        f"- machine: {meta['cpu_count']} CPUs, {meta['platform']}; started {meta['started']}",
+        "",
+        "Speedup = decode tokens/s over the baseline's on the same prompts in the same run "
+        "(category rate = total tokens / total decode seconds). llama-cpp-python rows: its plain "
+        "`Llama` and its `LlamaPromptLookupDecoding`; 'own' = over its own plain run.",
+        "",
+        "## Speedup per category",
+        "",
+        "| configuration | " + " | ".join(order) + " |",
+        "|---|" + "---|" * len(order),
+    ]
+    for name in names:
+        cells = []
+        for cat in order:
+            cell = cats[cat][name]
+            txt = f"{cell['speedup']:.2f}x"
+            if name == REF_LOOKUP:
+                txt += f" (own {cell['speedup_vs_own_baseline']:.2f}x)"
+            cells.append(txt)
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    for cat in order:
+        lines += [
+            "",
+            f"## {cat}",
+            "",
+            "| configuration | tok/s | speedup | predicted | acceptance | mean accepted | target calls | identical |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for name in names:
+            c = cats[cat][name]
+            ident = f"{c['identical']}/{c['prompts']}" if "identical" in c else "–"
+            if c.get("divergences"):
+                ident += f" ({c['near_tie_divergences']}/{c['divergences']} near-tie)"
+            lines.append(
+                f"| {name} | {c['tokens_per_s']:.1f} | {c['speedup']:.2f}x | {_fmt(c.get('predicted_speedup'))} | "
+                f"{_fmt(c.get('acceptance_rate'))} | {_fmt(c.get('mean_accepted'))} | {c.get('target_calls', '–')} | {ident} |"
+            )
+    divs = [
+        (p["id"], name, d)
+        for p in res["prompts"]
+        for name, e in p["results"].items()
+        for d in e.get("divergences", [])
+    ]
+    if st["temperature"] == 0:
+        lines += ["", "## Greedy outputs that differ from the baseline", ""]
+        if divs:
+            lines += [
+                "| prompt | configuration | position | baseline token | candidate token | top-2 logit gap | near-tie |",
+                "|---|---|---|---|---|---|---|",
+            ]
+            for pid, name, d in divs:
+                lines.append(
+                    f"| {pid} | {name} | {d['position']} | {d['baseline_token']} | {d['candidate_token']} | "
+                    f"{d['top2_gap']:.3f} | {'yes' if d['near_tie'] else '**no**'} |"
+                )
+        else:
+            lines.append("None: every configuration produced the baseline's tokens on every prompt.")
+        unstable = [p["id"] for p in res["prompts"] if not p["baseline_stable"]]
+        if unstable:
+            lines.append(f"\nBaseline output varied between repeats on: {', '.join(unstable)}")
+    if res["skipped"]:
+        lines += ["", "## Skipped", ""] + [f"- {s['id']}: {s['reason']}" for s in res["skipped"]]
+    costs = meta["verify_cost_s"]
+    if costs:
+        t1 = costs["1"]
+        ks = [k for k in ("2", "3", "5", "9", "17") if k in costs]
+        lines += [
+            "",
+            "## Verification cost T(K)/T(1) on this machine",
+            "",
+            "| K | " + " | ".join(ks) + " |",
+            "|---|" + "---|" * len(ks),
+            "| T(K)/T(1) | " + " | ".join(f"{costs[k] / t1:.2f}" for k in ks) + " |",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def summary_lines(res: dict) -> list[str]:
+    """A few lines for the terminal: overall speedup per configuration."""
+    overall = res["categories"].get("overall")
+    if not overall:
+        return ["no prompts finished"]
+    out = []
+    for name, c in overall.items():
+        extra = f", own baseline {c['speedup_vs_own_baseline']:.2f}x" if "speedup_vs_own_baseline" in c else ""
+        ident = f", identical {c['identical']}/{c['prompts']}" if "identical" in c else ""
+        out.append(f"{name:28s} {c['tokens_per_s']:7.1f} tok/s  {c['speedup']:.2f}x{extra}{ident}")
+    return out
+
+
+def write_outputs(res: dict, out: Path, costs: dict[int, float], plots: bool) -> None:
+    _write_atomic(out / "results.json", json.dumps(res, indent=1, ensure_ascii=False))
+    _write_atomic(out / "report.md", report_markdown(res))
+    if plots and res["prompts"]:
+        write_plots(res, out, costs)
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def write_plots(res: dict, out: Path, costs: dict[int, float]) -> None:
+    plt = _pyplot()
+    cats = res["categories"]
+    names = [c["name"] for c in res["meta"]["configs"] if c["name"] != BASELINE]
+    order = [c for c in cats if c != "overall"] + ["overall"]
+
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(order)), 4))
+    width = 0.8 / max(len(names), 1)
+    for i, name in enumerate(names):
+        xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(order))]
+        ax.bar(xs, [cats[c][name]["speedup"] for c in order], width, label=name)
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xticks(range(len(order)), order, rotation=20)
+    ax.set_ylabel("speedup over baseline (decode tok/s)")
+    ax.set_title(f"Speedup per category — {Path(res['meta']['target']).name}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / PLOTS[0], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(5, 5))
+    top = 1.0
+    for name in names:
+        pts = [
+            (p["results"][name]["predicted_speedup"], p["results"][name]["speedup"])
+            for p in res["prompts"]
+            if p["results"][name].get("predicted_speedup") is not None
+        ]
+        if pts:
+            ax.scatter(*zip(*pts, strict=True), label=name, s=18)
+            top = max(top, *(max(a, b) for a, b in pts))
+    ax.plot([0, top * 1.05], [0, top * 1.05], color="grey", lw=0.8, ls="--")
+    ax.set_xlabel("predicted speedup (measured alpha, c, T(K))")
+    ax.set_ylabel("measured speedup")
+    ax.set_title("Measured vs predicted, per prompt")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / PLOTS[1], dpi=110)
+    plt.close(fig)
+
+    _cost_plot(costs, out / PLOTS[2], Path(res["meta"]["target"]).name)
+
+
+def _cost_plot(costs: dict[int, float], path: Path, title: str) -> None:
+    plt = _pyplot()
+    ks = sorted(costs)
+    t1 = costs[1]
+    fig, ax = plt.subplots(figsize=(5, 4))
+    ax.plot(ks, [costs[k] / t1 for k in ks], marker="o", ms=3, label="measured T(K)/T(1)")
+    ax.plot(ks, ks, color="grey", ls="--", lw=0.8, label="K (compute-bound)")
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xlabel("rows verified in one pass (K)")
+    ax.set_ylabel("T(K) / T(1)")
+    ax.set_title(f"Verification cost — {title}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def verify_cost_markdown(res: dict) -> str:
+    lines = [
+        f"Verification cost on this machine: {Path(res['target']).name} ({res['target_description']}), "
+        f"median of {res['repeats']} interleaved repeats",
+        "",
+        "| K | T(K) ms | T(K)/T(1) | K·T(1)/T(K) |",
+        "|---|---|---|---|",
+    ]
+    for r in res["rows"]:
+        lines.append(f"| {r['k']} | {1000 * r['seconds']:.2f} | {r['t_ratio']:.2f} | {r['ceiling_speedup']:.2f} |")
+    lines += [
+        "",
+        f"Ceiling: at perfect acceptance and free drafting, speculation can reach at most "
+        f"{res['ceiling_speedup']:.2f}x (verifying K = {res['best_k']} rows per pass).",
+    ]
+    return "\n".join(lines)
+
+
+def write_verify_cost(res: dict, out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        from edgespec.errors import EdgeSpecError
+
+        raise EdgeSpecError(f"cannot create output folder {out}: {exc.strerror}") from None
+    _write_atomic(out / "verify_cost.json", json.dumps(res, indent=1))
+    _write_atomic(out / "verify_cost.md", verify_cost_markdown(res) + "\n")
+    _cost_plot({r["k"]: r["seconds"] for r in res["rows"]}, out / "verify_cost.png", Path(res["target"]).name)

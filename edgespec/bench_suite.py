@@ -1,0 +1,133 @@
+"""Prompt suites for the benchmark: JSONL files, one prompt per line.
+
+Two line formats are accepted:
+  ours        {"id": ..., "category": ..., "prompt": "..."}
+  Spec-Bench  {"question_id": ..., "category": ..., "turns": ["...", ...]}  (only the first turn is
+              used: the benchmark measures single-turn decoding)
+Every problem is reported as one line naming the file and the line number.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgespec.errors import EdgeSpecError
+from edgespec.runtime import Model
+
+# Base models (no chat template) get this framing, so a question is followed by an answer rather
+# than by more questions. Models with a chat template get the user turn through the template.
+QA_FRAME = "Question: {prompt}\nAnswer:"
+FRAMINGS = ("auto", "chat", "qa", "raw")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    category: str
+    text: str
+    source: str  # "file:line", for messages
+
+
+def _parse_line(obj: object, where: str) -> Prompt:
+    if not isinstance(obj, dict):
+        raise EdgeSpecError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    if "prompt" in obj:
+        pid, text = obj.get("id"), obj["prompt"]
+        if pid is None:
+            raise EdgeSpecError(f"{where}: missing field 'id'")
+    elif "turns" in obj:
+        pid, turns = obj.get("question_id", obj.get("id")), obj["turns"]
+        if pid is None:
+            raise EdgeSpecError(f"{where}: missing field 'question_id' (Spec-Bench format)")
+        if not isinstance(turns, list) or not turns:
+            raise EdgeSpecError(f"{where}: 'turns' must be a non-empty list of strings")
+        text = turns[0]
+    else:
+        raise EdgeSpecError(f"{where}: missing field 'prompt' (or Spec-Bench 'turns')")
+    if "category" not in obj:
+        raise EdgeSpecError(f"{where}: missing field 'category'")
+    category = obj["category"]
+    if not isinstance(category, str) or not category.strip():
+        raise EdgeSpecError(f"{where}: 'category' must be a non-empty string")
+    if not isinstance(text, str):
+        raise EdgeSpecError(f"{where}: the prompt must be a string, got {type(text).__name__}")
+    if not text.strip():
+        raise EdgeSpecError(f"{where}: the prompt is empty")
+    if not isinstance(pid, (str, int)) or isinstance(pid, bool):
+        raise EdgeSpecError(f"{where}: the id must be a string or an integer")
+    return Prompt(str(pid), category.strip(), text, where)
+
+
+def load_suite(path: str | Path) -> list[Prompt]:
+    """Read one JSONL suite file; blank lines are skipped, anything else must be a prompt."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise EdgeSpecError(f"suite file not found: {p}")
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise EdgeSpecError(f"suite file is not UTF-8 text: {p}") from None
+    prompts = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{p}:{i}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise EdgeSpecError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+        prompts.append(_parse_line(obj, where))
+    if not prompts:
+        raise EdgeSpecError(f"suite file has no prompts: {p}")
+    return prompts
+
+
+def load_suites(
+    paths: Sequence[str | Path], categories: Sequence[str] = (), per_category: int | None = None
+) -> list[Prompt]:
+    """Read suites, keep the asked categories (all if none) and the first `per_category` of each."""
+    prompts: list[Prompt] = []
+    seen: dict[str, str] = {}
+    for path in paths:
+        for pr in load_suite(path):
+            if pr.id in seen:
+                raise EdgeSpecError(f"{pr.source}: duplicate id {pr.id!r} (first at {seen[pr.id]})")
+            seen[pr.id] = pr.source
+            prompts.append(pr)
+    known = sorted({pr.category for pr in prompts})
+    for c in categories:
+        if c not in known:
+            raise EdgeSpecError(f"no prompts in category {c!r}; the suites have: {', '.join(known)}")
+    if categories:
+        prompts = [pr for pr in prompts if pr.category in categories]
+    if per_category is not None:
+        if per_category < 1:
+            raise EdgeSpecError(f"--per-category must be >= 1, got {per_category}")
+        count: dict[str, int] = {}
+        kept = []
+        for pr in prompts:
+            count[pr.category] = count.get(pr.category, 0) + 1
+            if count[pr.category] <= per_category:
+                kept.append(pr)
+        prompts = kept
+    return prompts
+
+
+def tokenize_prompt(model: Model, text: str, framing: str) -> tuple[list[int], str]:
+    """Token ids of a prompt as the benchmark feeds it, and the framing used.
+
+    'auto' uses the model's chat template when it has one and the Question/Answer frame otherwise;
+    'chat' requires a template; 'raw' feeds the text as is.
+    """
+    if framing not in FRAMINGS:
+        raise EdgeSpecError(f"framing must be one of {', '.join(FRAMINGS)}, got {framing!r}")
+    if framing == "auto":
+        framing = "chat" if model.chat_template() else "qa"
+    if framing == "chat":
+        rendered = model.apply_chat_template([{"role": "user", "content": text}])
+        return model.tokenize(rendered, add_special=True, parse_special=True), framing
+    framed = QA_FRAME.format(prompt=text) if framing == "qa" else text
+    return model.tokenize(framed, add_special=True), framing

@@ -1,0 +1,118 @@
+"""A small GGUF model drafts for a larger one with the same vocabulary.
+
+The draft model keeps its own KV cache. Between steps it holds a prefix of the committed context
+plus whatever it drafted last time; `propose` finds how much of that is still committed, drops the
+rest (rejected drafts) and continues from there, so accepted tokens are never decoded twice.
+
+At temperature > 0 the drafts are sampled from q = process(draft logits) with the same sampling
+settings as the target, and q is returned so the verifier can run the lossless rejection sampler.
+At temperature 0 drafting is greedy and q is one-hot (returned as None).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Sequence
+
+import numpy as np
+
+from edgespec.drafters import Draft
+from edgespec.pairing import check_compatible, size_warning
+from edgespec.runtime import Model
+from edgespec.sampling import SamplingParams, process, sample
+
+
+class ModelDrafter:
+    name = "model"
+
+    def __init__(self, draft: Model, target: Model, p_min: float = 0.0) -> None:
+        """p_min > 0 stops a draft early once the draft model's top probability falls below it
+        (llama.cpp's cutoff); 0 drafts the full gamma the policy asked for."""
+        check_compatible(target, draft)
+        warning = size_warning(target, draft)
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
+        self.draft = draft
+        self.p_min = p_min
+        self.target_vocab = target.n_vocab
+        self.name = f"model:{draft.info.description}"
+        self._cached: list[int] = []  # tokens whose K/V are in the draft's cache
+        self._committed = 0  # length of _cached known to be committed context
+        self._sampling = SamplingParams()
+        self._rng = np.random.default_rng()
+
+    @classmethod
+    def load(cls, spec: str, target: Model, opts) -> ModelDrafter:
+        from edgespec.factory import load_model
+
+        return cls(load_model(spec, opts), target)
+
+    def begin(self, prompt: Sequence[int], sampling: SamplingParams) -> None:
+        # Same sampling settings as the target (standardized sampling); the draft's random stream
+        # is derived from the seed so a seeded generation is reproducible.
+        self._sampling = sampling
+        seed = None if sampling.seed is None else [sampling.seed, 0x5EED]
+        self._rng = np.random.default_rng(seed)
+        self.draft.reset()
+        self._cached, self._committed = [], 0
+
+    def _sync(self, context: Sequence[int]) -> None:
+        """Keep the longest cached prefix that matches `context`, leaving its last token uncached."""
+        n = self._committed
+        limit = min(len(self._cached), len(context) - 1)
+        while n < limit and self._cached[n] == context[n]:
+            n += 1
+        self.draft.truncate(n)
+        del self._cached[n:]
+
+    def propose(self, context: Sequence[int], gamma: int) -> Draft:
+        if gamma <= 0:
+            return Draft()
+        self._sync(context)
+        # After drafting the cache holds context + gamma - 1 drafts.
+        gamma = min(gamma, self.draft.n_ctx - len(context) + 1)
+        if gamma <= 0:
+            return Draft()
+        feed = [int(t) for t in context[len(self._cached) :]]
+        self._cached.extend(feed)
+        self._committed = len(context)
+        greedy = self._sampling.greedy
+        tokens: list[int] = []
+        probs: list[np.ndarray] = []
+        for i in range(gamma):
+            row = np.array(self.draft.decode(feed, n_logits=1)[0], dtype=np.float32)
+            if self.target_vocab < row.shape[0]:
+                row[self.target_vocab :] = -np.inf  # ids the target lacks can never be accepted
+            if greedy:
+                tok = int(np.argmax(row))
+                if self.p_min > 0.0 and _top_prob(row) < self.p_min and i > 0:
+                    break
+            else:
+                q = process(row, self._sampling)
+                if self.p_min > 0.0 and q.max() < self.p_min and i > 0:
+                    break
+                tok = sample(q, self._rng)
+                probs.append(_fit(q, self.target_vocab))
+            tokens.append(tok)
+            if i + 1 < gamma:
+                feed = [tok]
+                self._cached.append(tok)
+        return Draft(np.asarray(tokens, dtype=np.int32), None if greedy else np.stack(probs))
+
+    def close(self) -> None:
+        self.draft.close()
+
+
+def _top_prob(logits: np.ndarray) -> float:
+    x = logits - logits.max()
+    return float(1.0 / np.exp(x).sum())
+
+
+def _fit(q: np.ndarray, n: int) -> np.ndarray:
+    """Resize a draft distribution to the target's vocabulary (sizes may differ by up to 128)."""
+    if q.shape[0] == n:
+        return q
+    if q.shape[0] > n:
+        return q[:n]
+    return np.concatenate([q, np.zeros(n - q.shape[0])])
+

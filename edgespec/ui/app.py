@@ -1,0 +1,66 @@
+"""The Gradio app: Chat, Race, Models and Bench tabs over one shared pool of loaded models."""
+
+import argparse
+
+import gradio as gr
+
+from edgespec.factory import RuntimeOptions, parse_gamma
+from edgespec.ui.bench_tab import bench_tab
+from edgespec.ui.chat import build_chat_tab
+from edgespec.ui.context import AppContext, Defaults
+from edgespec.ui.models_panel import build_models_tab
+from edgespec.ui.pool import ModelPool
+from edgespec.ui.race import build_race_tab
+from edgespec.ui.render import CSS
+
+TITLE = "EdgeSpec: speculative generation on this machine"
+
+
+def build_app(opts: RuntimeOptions | None = None, defaults: Defaults | None = None,
+              pool: ModelPool | None = None) -> gr.Blocks:
+    """Build (not launch) the app. Start it with `start()` so the CSS that colours tokens is served."""
+    pool = pool or ModelPool(opts or RuntimeOptions())
+    ctx = AppContext(pool, defaults or Defaults())
+    with gr.Blocks(title="EdgeSpec") as app:
+        gr.Markdown(f"## {TITLE}")
+        with gr.Tab("Chat"):
+            chat_area = gr.Column()
+        with gr.Tab("Race"):
+            build_race_tab(ctx)
+        with gr.Tab("Models"):
+            target, draft = build_models_tab(ctx)
+        with gr.Tab("Bench"):
+            bench_tab()
+        with chat_area:
+            build_chat_tab(ctx, target, draft)
+    app.edgespec = ctx  # tests and launch() reach the pool through the app
+    return app
+
+
+def start(app: gr.Blocks, host: str = "127.0.0.1", port: int | None = None, block: bool = True) -> str:
+    """Launch `app` with the EdgeSpec theme and CSS; returns the local URL. With block=False the
+    server runs on a background thread (close it with app.close())."""
+    _, url, _ = app.launch(
+        server_name=host, server_port=port, prevent_thread_lock=not block, css=CSS,
+        theme=gr.themes.Soft(), quiet=not block, footer_links=["api"],
+    )
+    return url
+
+
+def launch(args: argparse.Namespace) -> int:
+    """`python app.py`: open the UI at args.host:args.port with the command line's settings."""
+    from edgespec.cli import parse_ngram
+    from models import DEFAULT_TARGET, resolve
+
+    target = args.target or DEFAULT_TARGET
+    resolve(target)  # a bad --target fails here, as one line, before a server starts
+    parse_gamma(args.gamma)
+    defaults = Defaults(
+        target=target, draft=args.draft, gamma=str(args.gamma), ngram=parse_ngram(args.ngram),
+        max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        min_p=args.min_p, seed=args.seed,
+    )
+    opts = RuntimeOptions(n_ctx=args.ctx, n_threads=args.threads, flash_attn=args.flash_attn, exact=args.exact)
+    app = build_app(opts, defaults)
+    start(app, args.host, args.port, block=True)
+    return 0

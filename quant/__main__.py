@@ -1,0 +1,79 @@
+"""`python -m quant convert ...` and `python -m quant report ...`; errors are one line on stderr."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import NoReturn, Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # `python -m quant` from another folder still finds edgespec
+
+from edgespec.errors import EdgeSpecError  # noqa: E402
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad argument as one line, not usage plus error."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from quant.convert import TARGETS
+
+    ap = _Parser(prog="python -m quant", description="MX / GGUF quantization and quality reports")
+    sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    cv = sub.add_parser("convert", help="requantize a GGUF model")
+    cv.add_argument("input", help="source .gguf (F16/F32 or quantized)")
+    cv.add_argument("output", help="output .gguf (written atomically; never the input)")
+    cv.add_argument("--to", required=True, metavar="FORMAT", help="one of: " + ", ".join(TARGETS))
+    cv.add_argument("--no-progress", action="store_true", help="no progress bar")
+    cv.add_argument("--json", action="store_true", help="print the per-tensor choices as JSON")
+
+    rp = sub.add_parser("report", help="quality and speed of quantized models against a reference")
+    rp.add_argument("candidates", nargs="+", help="candidate .gguf files (same vocabulary as the reference)")
+    rp.add_argument("--reference", required=True, help="reference .gguf (e.g. the F16 model)")
+    rp.add_argument("--prompts", required=True, help="text file; prompts separated by lines holding only ---")
+    rp.add_argument("--text", default=None, help="text for perplexity (default: the prompts file)")
+    rp.add_argument("--out", default="quant_report", help="output stem: writes STEM.md, STEM.json, STEM.png")
+    rp.add_argument("--labels", default=None, help="comma-separated names for the candidates")
+    rp.add_argument("--max-prompt-tokens", type=int, default=256)
+    rp.add_argument("--ppl-tokens", type=int, default=1024, help="tokens of --text to score (default 1024)")
+    rp.add_argument("--gen-tokens", type=int, default=64, help="tokens per decode-speed run (default 64)")
+    rp.add_argument("--repeats", type=int, default=3, help="interleaved speed repeats (default 3)")
+    rp.add_argument("--gamma", type=int, default=3, help="draft length for the n-gram runs (default 3)")
+    rp.add_argument("--threads", type=int, default=None)
+    rp.add_argument("--title", default=None)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "convert":
+            import json
+
+            from quant.convert import convert
+
+            res = convert(args.input, args.output, args.to, progress=not args.no_progress,
+                          log=lambda s: print(s, file=sys.stderr))
+            print(json.dumps(res.to_dict(), indent=1) if args.json else res.summary())
+        else:
+            from quant.report import main_report
+
+            main_report(args)
+    except EdgeSpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,109 @@
+"""The step loop on the real bundled models.
+
+Exactness of the engine's logic: with flash attention off and every step decoded with at least two
+rows, the target sees the same kernel path whether it verifies drafts or decodes plainly, so greedy
+speculative output must equal the greedy reference token for token, whatever the drafter does.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from edgespec.drafters.ngram import NgramDrafter
+from edgespec.engine import BONUS, DRAFT, TARGET, Engine, GenerationConfig, collect
+from edgespec.errors import EdgeSpecError
+from edgespec.sampling import SamplingParams
+
+PROMPTS = [
+    "Rewrite this code with type hints:\n\ndef add(a, b):\n    return a + b\n\ndef mul(a, b):\n    return a * b\n\nAnswer:\n",
+    "Summarize: Alice went to the market to buy apples. She bought ten apples and went home. Summary:",
+    "Write a short poem about the moon.",
+]
+
+
+def encode(model, text: str) -> list[int]:
+    """Instruct models get their chat template; base models the raw text."""
+    if model.chat_template():
+        return model.tokenize(model.apply_chat_template([{"role": "user", "content": text}]), parse_special=True)
+    return model.tokenize(text)
+
+
+def same_path(max_tokens: int = 48, **kw) -> GenerationConfig:
+    return GenerationConfig(max_tokens=max_tokens, min_batch_rows=2, **kw)
+
+
+@pytest.mark.parametrize("model_name", ["smollm2", "gemma"])
+def test_greedy_speculative_equals_same_path_reference(model_name, request):
+    model = request.getfixturevalue(model_name)
+    for text in PROMPTS:
+        prompt = encode(model, text)
+        ref = collect(Engine(model, None).generate(prompt, same_path()))
+        assert ref.stats.drafted == 0 and set(ref.token_sources) == {TARGET}
+        for gamma in (1, 4):
+            spec = collect(Engine(model, NgramDrafter(1, 3), gamma).generate(prompt, same_path()))
+            assert spec.tokens == ref.tokens, f"{model_name} gamma={gamma} prompt={text[:30]!r}"
+            assert spec.text == ref.text
+            assert spec.stats.target_calls <= ref.stats.target_calls
+
+
+def test_events_account_for_every_token(gemma):
+    prompt = encode(gemma, PROMPTS[0])
+    events = list(Engine(gemma, NgramDrafter(), 4).generate(prompt, same_path(64)))
+    stats = events[-1].stats
+    assert sum(len(e.tokens) for e in events) == stats.generated == 64
+    assert sum(e.sources.count(DRAFT) for e in events) == stats.accepted > 0
+    assert stats.drafted == sum(e.drafted for e in events)
+    for e in events[:-1]:
+        # every step ends with exactly one token from the target: a correction or the bonus
+        assert e.sources[-1] in (TARGET, BONUS) and e.sources[:-1] == [DRAFT] * e.accepted
+        assert (e.sources[-1] == BONUS) == (e.drafted > 0 and e.accepted == e.drafted)
+    assert stats.target_calls == len(events)
+    # KV discipline: the cache holds every committed token but the newest
+    assert gemma.n_past == len(prompt) + stats.generated - 1
+
+
+def test_same_seed_same_text(smollm2):
+    prompt = encode(smollm2, PROMPTS[2])
+    cfg = GenerationConfig(max_tokens=40, sampling=SamplingParams(temperature=0.9, top_p=0.95, seed=7))
+    runs = [collect(Engine(smollm2, NgramDrafter(), 3).generate(prompt, cfg)) for _ in range(2)]
+    assert runs[0].tokens == runs[1].tokens
+    other = collect(
+        Engine(smollm2, NgramDrafter(), 3).generate(
+            prompt, GenerationConfig(max_tokens=40, sampling=SamplingParams(temperature=0.9, top_p=0.95, seed=8))
+        )
+    )
+    assert other.tokens != runs[0].tokens
+
+
+def test_stop_event_ends_generation(smollm2):
+    stop = threading.Event()
+    events = []
+    for ev in Engine(smollm2, None).generate(encode(smollm2, PROMPTS[2]), GenerationConfig(max_tokens=500), stop):
+        events.append(ev)
+        if len(events) == 3:
+            stop.set()
+    assert events[-1].finish_reason == "stopped" and len(events) == 4
+
+
+def test_stops_at_end_of_generation(smollm2):
+    prompt = encode(smollm2, "What is 2+2? Answer with a number only.")
+    res = collect(Engine(smollm2, NgramDrafter(), 2).generate(prompt, same_path(100)))
+    assert res.finish_reason == "eog"
+    assert not any(smollm2.is_eog(t) for t in res.tokens)
+
+
+def test_context_limit(smollm2_path):
+    from edgespec.runtime import Model
+
+    m = Model(smollm2_path, n_ctx=256, flash_attn="off")
+    prompt = m.tokenize("word " * 200)
+    res = collect(Engine(m, NgramDrafter(), 8).generate(prompt, GenerationConfig(max_tokens=1000)))
+    assert res.finish_reason == "context"
+    assert len(prompt) + len(res.tokens) <= m.n_ctx + 1
+    with pytest.raises(EdgeSpecError, match="context holds"):
+        next(Engine(m, None).generate(m.tokenize("word " * 300), GenerationConfig()))
+    with pytest.raises(EdgeSpecError, match="empty"):
+        next(Engine(m, None).generate([], GenerationConfig()))
+    m.close()

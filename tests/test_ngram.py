@@ -1,0 +1,68 @@
+"""Prompt-lookup drafter: proposals agree with a brute-force search; the index is incremental."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edgespec.drafters.ngram import NgramDrafter
+
+
+def brute_force(tokens: list[int], gamma: int, n_min: int, n_max: int) -> list[int]:
+    for n in range(min(n_max, len(tokens)), n_min - 1, -1):
+        suffix = tokens[len(tokens) - n :]
+        for end in range(len(tokens) - 1, n - 1, -1):  # latest occurrence first
+            if tokens[end - n : end] == suffix:
+                return tokens[end : end + gamma]
+    return []
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(0, 5), min_size=1, max_size=60),
+    st.integers(1, 8),
+    st.integers(1, 3),
+    st.integers(0, 3),
+)
+def test_matches_brute_force_while_growing(tokens, gamma, n_min, extra):
+    n_max = n_min + extra
+    d = NgramDrafter(n_min, n_max)
+    d.begin(tokens[:1])
+    for i in range(1, len(tokens) + 1):  # the context grows one token per step, as in generation
+        got = d.propose(tokens[:i], gamma).tokens.tolist()
+        assert got == brute_force(tokens[:i], gamma, n_min, n_max)
+
+
+def test_copies_the_continuation():
+    d = NgramDrafter(1, 3)
+    ctx = [5, 6, 7, 8, 9, 1, 2, 5, 6]
+    d.begin(ctx)
+    assert d.propose(ctx, 3).tokens.tolist() == [7, 8, 9]
+    assert d.propose(ctx, 0).tokens.tolist() == []
+
+
+def test_restarts_on_a_different_context():
+    d = NgramDrafter(1, 2)
+    d.begin([1, 2, 3, 1])
+    assert d.propose([1, 2, 3, 1], 2).tokens.tolist() == [2, 3]
+    assert d.propose([7, 8, 7], 2).tokens.tolist() == [8, 7]
+
+
+def test_step_cost_does_not_grow_with_context():
+    """Each step indexes only the new tokens: proposing over a long context stays cheap."""
+    d = NgramDrafter(1, 4)
+    ctx = list(range(50_000))
+    d.begin(ctx)
+    calls = 0
+    original = d._extend
+
+    def counting(context):
+        nonlocal calls
+        calls += len(context) - len(d._tokens)
+        return original(context)
+
+    d._extend = counting
+    for t in range(100):
+        ctx.append(t % 7)
+        d.propose(ctx, 4)
+    assert calls == 100

@@ -1,0 +1,190 @@
+"""GGUF requantization on the bundled SmolLM2 (real gguf-py, real llama.cpp quantizer and loader)."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from edgespec.errors import EdgeSpecError
+from edgespec.runtime import Model
+from quant import mx
+from quant.convert import convert, tensor_float
+from tests.conftest import ROOT, run_app
+
+Q = gguf.GGMLQuantizationType
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("quant")
+
+
+@pytest.fixture(scope="module")
+def f16(work: Path, smollm2_path: Path) -> Path:
+    out = work / "smol-f16.gguf"
+    before = sha(smollm2_path)
+    res = convert(smollm2_path, out, "f16", progress=False)
+    assert sha(smollm2_path) == before  # the input is only read
+    assert res.type_counts() == {"F16": 211, "F32": 61}
+    return out
+
+
+@pytest.fixture(scope="module")
+def mxfp4(work: Path, f16: Path) -> Path:
+    out = work / "smol-mxfp4.gguf"
+    convert(f16, out, "mxfp4", progress=False)
+    return out
+
+
+def tensors(path: Path) -> dict[str, object]:
+    return {t.name: t for t in gguf.GGUFReader(path).tensors}
+
+
+def test_f16_reference_keeps_metadata_and_values(f16: Path, smollm2_path: Path) -> None:
+    src, out = gguf.GGUFReader(smollm2_path), gguf.GGUFReader(f16)
+    for key in ("tokenizer.ggml.tokens", "tokenizer.chat_template", "llama.block_count", "tokenizer.ggml.merges"):
+        assert out.get_field(key).contents() == src.get_field(key).contents()
+    assert out.get_field("general.file_type").contents() == 1
+    s, o = tensors(smollm2_path), tensors(f16)
+    name = "blk.3.ffn_down.weight"
+    assert o[name].tensor_type == Q.F16 and s[name].tensor_type == Q.Q4_1
+    # Q4_1 values (scale * q + min, computed in float32) fit F16 to rounding.
+    np.testing.assert_allclose(tensor_float(o[name]), tensor_float(s[name]), rtol=1e-3, atol=1e-6)
+
+
+def test_mxfp4_is_real_ggml_mxfp4_and_generates(mxfp4: Path, f16: Path) -> None:
+    out, ref = tensors(mxfp4), tensors(f16)
+    kinds = {name: t.tensor_type for name, t in out.items()}
+    assert kinds["token_embd.weight"] == Q.Q8_0
+    assert kinds["blk.0.attn_norm.weight"] == Q.F32
+    mats = [n for n in out if n.startswith("blk.") and len(out[n].shape) == 2]
+    assert len(mats) == 210 and all(kinds[n] == Q.MXFP4 for n in mats)
+    # The stored blocks decode (by gguf-py, i.e. ggml's layout) to the spec's MXFP4 values of the source.
+    name = "blk.7.attn_q.weight"
+    want = mx.quantize_dequantize(tensor_float(ref[name]), "mxfp4")
+    np.testing.assert_array_equal(tensor_float(out[name]), want)
+    assert gguf.GGUFReader(mxfp4).get_field("edgespec.quant.format").contents() == "mxfp4"
+
+    # llama.cpp loads it natively and continues a prompt sensibly (same top token as F16 here).
+    model = Model(mxfp4, n_ctx=256, n_threads=1, flash_attn="off")
+    refm = Model(f16, n_ctx=256, n_threads=1, flash_attn="off")
+    prompt = model.tokenize("The capital of France is the city of")
+    a = np.array(model.decode(prompt, 1)[0])
+    b = np.array(refm.decode(prompt, 1)[0])
+    assert np.isfinite(a).all() and a.argmax() == b.argmax()
+    assert model.detokenize([int(a.argmax())]).strip() == "Paris"
+    model.close()
+    refm.close()
+
+
+def test_mxfp4_plugs_into_app_as_draft(mxfp4: Path, f16: Path) -> None:
+    proc = run_app("--headless", "--json", "--target", str(f16), "--draft", str(mxfp4), "--gamma", "3",
+                   "--prompt", "List the days of the week: Monday, Tuesday,", "--max-tokens", "12",
+                   "--threads", "1", "--ctx", "256")
+    assert proc.returncode == 0, proc.stderr
+    assert '"drafted"' in proc.stdout
+
+
+def test_emulated_mxfp6_records_metadata_and_values(work: Path, f16: Path) -> None:
+    out = work / "smol-mxfp6.gguf"
+    res = convert(f16, out, "mxfp6-e2m3", progress=False)
+    assert res.emulated and "EMULATED" in res.summary()
+    assert res.type_counts() == {"F16 (mxfp6-e2m3 emulated)": 210, "F32": 61, "Q8_0": 1}
+    r = gguf.GGUFReader(out)
+    assert r.get_field("edgespec.quant.emulated").contents() is True
+    assert r.get_field("edgespec.quant.mx_bits_per_weight").contents() == pytest.approx(6.25)
+    # True bits count MX bits for the 210 matrices, not the 16-bit container.
+    assert 6.25 < res.bits_per_weight < 7.0 < res.file_bits_per_weight
+    name = "blk.2.ffn_gate.weight"
+    src = tensor_float(tensors(f16)[name])
+    np.testing.assert_array_equal(tensor_float(tensors(out)[name]), mx.quantize_dequantize(src, "mxfp6-e2m3"))
+
+
+def test_quantized_input_is_dequantized_before_llama_quantize(work: Path, smollm2_path: Path) -> None:
+    out = work / "smol-q8_0.gguf"
+    res = convert(smollm2_path, out, "q8_0", progress=False)
+    assert res.type_counts() == {"Q8_0": 211, "F32": 61}
+    assert sorted(p.name for p in work.iterdir() if "tmp" in p.name or p.name.startswith(".edgespec")) == []
+    model = Model(out, n_ctx=128, n_threads=1)
+    assert np.isfinite(model.decode(model.tokenize("Hello"), 1)).all()
+    model.close()
+
+
+# ------------------------------------------------------------------ bad input
+def test_not_a_gguf(tmp_path: Path) -> None:
+    bad = tmp_path / "notes.gguf"
+    bad.write_text("hello")
+    with pytest.raises(EdgeSpecError, match="not a GGUF file"):
+        convert(bad, tmp_path / "out.gguf", "mxfp4")
+    assert not (tmp_path / "out.gguf").exists()
+
+
+def test_unknown_format_and_same_path(smollm2_path: Path, tmp_path: Path) -> None:
+    with pytest.raises(EdgeSpecError, match="unknown format 'mxfp5'; choose one of f16, q8_0"):
+        convert(smollm2_path, tmp_path / "o.gguf", "mxfp5")
+    with pytest.raises(EdgeSpecError, match="output path is the input file"):
+        convert(smollm2_path, smollm2_path, "mxfp4")
+    link = tmp_path / "link.gguf"
+    link.symlink_to(smollm2_path)
+    with pytest.raises(EdgeSpecError, match="output path is the input file"):
+        convert(smollm2_path, link, "mxfp4")
+
+
+def test_unsupported_tensor_type(tmp_path: Path) -> None:
+    src = tmp_path / "q8k.gguf"
+    w = gguf.GGUFWriter(src, "llama")
+    block_bytes = gguf.GGML_QUANT_SIZES[Q.Q8_K][1]
+    w.add_tensor("blk.0.attn_q.weight", np.zeros((2, block_bytes), dtype=np.uint8), raw_dtype=Q.Q8_K)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(EdgeSpecError, match="unsupported tensor type Q8_K .*blk.0.attn_q.weight"):
+        convert(src, tmp_path / "out.gguf", "mxfp4")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["q8k.gguf"]
+
+
+def test_disk_full_leaves_no_output_and_input_untouched(f16: Path, tmp_path: Path, monkeypatch) -> None:
+    before = sha(f16)
+
+    def full_disk(self, *, progress: bool = False) -> None:
+        self.fout[0].write(b"\0" * 4096)  # part of the data reaches the disk, then it is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", full_disk)
+    out = tmp_path / "out.gguf"
+    with pytest.raises(EdgeSpecError, match=r"could not write .*out.gguf: No space left on device"):
+        convert(f16, out, "mxfp6-e3m2", progress=False)
+    assert list(tmp_path.iterdir()) == []
+    assert sha(f16) == before
+
+
+def test_cli_errors_are_one_line(tmp_path: Path, smollm2_path: Path) -> None:
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "quant", *args], capture_output=True, text=True,
+                              cwd=ROOT, timeout=120)
+
+    bad = tmp_path / "x.gguf"
+    bad.write_bytes(b"NOPE" + b"\0" * 64)
+    for args, expect in [
+        ((str(bad), str(tmp_path / "o.gguf"), "--to", "mxfp4"), "not a GGUF file"),
+        ((str(smollm2_path), str(tmp_path / "o.gguf"), "--to", "int3"), "unknown format 'int3'"),
+        ((str(smollm2_path), str(smollm2_path), "--to", "q8_0"), "output path is the input file"),
+        ((str(smollm2_path), str(tmp_path / "nodir" / "o.gguf"), "--to", "q8_0"), "output folder does not exist"),
+    ]:
+        proc = run("convert", *args)
+        assert proc.returncode != 0
+        assert proc.stderr.startswith("error: ") and expect in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.gguf"]

@@ -1,0 +1,194 @@
+"""The Gradio app driven through gradio_client against a real launched server and real models."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+from gradio_client import Client
+
+from edgespec.engine import Engine, GenerationConfig
+from edgespec.factory import RuntimeOptions, load_model, make_drafter
+from edgespec.sampling import SamplingParams
+from edgespec.ui import Defaults, build_app, start
+
+OPTS = RuntimeOptions(n_ctx=512)
+SYSTEM = "You are a helpful assistant."
+COPY_PROMPT = "Repeat exactly: the cat sat on the mat, the cat sat on the mat, the cat sat on the mat."
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app():
+    blocks = build_app(OPTS, Defaults(target="smollm2-135m", max_tokens=32))
+    url = start(blocks, port=free_port(), block=False)
+    yield blocks, url
+    blocks.close()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """A second SmolLM2 instance with the app's options: what the engine itself says."""
+    model = load_model("smollm2-135m", OPTS)
+    yield model
+    model.close()
+
+
+def chat_args(message: str, *, drafter: str = "n-gram", gamma: str = "3", max_tokens: int = 32,
+              target: str = "smollm2-135m", draft: str = "") -> tuple:
+    # message, system, drafter, gamma, max tokens, temperature, top-k, top-p, min-p, seed, highlight, target, draft
+    return (message, SYSTEM, drafter, gamma, max_tokens, 0.0, 0, 1.0, 0.0, -1, True, target, draft)
+
+
+def engine_run(model, message: str, gamma: int, max_tokens: int) -> tuple[list[int], list[str], list[str]]:
+    """(tokens, sources, pieces) of the same chat turn run straight through the engine."""
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": message}]
+    prompt = model.tokenize(model.apply_chat_template(msgs), add_special=True, parse_special=True)
+    engine = Engine(model, make_drafter("ngram", model, OPTS, (1, 4)), gamma)
+    tokens, sources, pieces = [], [], []
+    for ev in engine.generate(prompt, GenerationConfig(max_tokens, SamplingParams())):
+        tokens += ev.tokens
+        sources += ev.sources
+        pieces += ev.pieces
+    return tokens, sources, pieces
+
+
+def run_job(client: Client, args: tuple, log: list | None = None):
+    """Submit /chat, collect every streamed update (with its arrival time) and the final outputs."""
+    job = client.submit(*args, api_name="/chat")
+    for out in job:
+        if log is not None:
+            log.append((time.perf_counter(), out))
+    return job.result(timeout=120)
+
+
+def test_chat_streams_and_segments_match_engine_events(app, reference):
+    _, url = app
+    client = Client(url, verbose=False)
+    updates: list = []
+    final = run_job(client, chat_args(COPY_PROMPT, max_tokens=32), updates)
+    msg, chatbot, details, live, _, _, error = final
+    assert error == "" and details["error"] is None
+    assert msg == ""
+    # Streamed: the reply grew over several updates before the last one.
+    lengths = [len(out[2]["segments"]) for _, out in updates if isinstance(out[2], dict)]
+    assert len(set(lengths)) >= 2, lengths
+
+    tokens, sources, pieces = engine_run(reference, COPY_PROMPT, gamma=3, max_tokens=32)
+    assert "draft" in sources, "the copy prompt should get n-gram drafts accepted"
+    assert details["tokens"] == tokens
+    assert [s for _, s in details["segments"]] == sources
+    assert [p for p, _ in details["segments"]] == pieces
+    stats = details["stats"]
+    assert stats["accepted"] >= sources.count("draft")  # drafts accepted past an end-of-generation token are cut
+    assert stats["generated"] == len(tokens)
+
+    # The chat bubble highlights exactly the accepted-draft runs.
+    html = chatbot[-1]["content"][0]["text"] if isinstance(chatbot[-1]["content"], list) else chatbot[-1]["content"]
+    runs = [s for i, s in enumerate(sources) if (i == 0 or sources[i - 1] != s) and pieces[i] != ""]
+    assert html.count('class="tok-draft"') == runs.count("draft")
+    assert "tok/s" in html and f"accepted {stats['accepted']}/{stats['drafted']} draft tokens" in html
+    assert "gamma chosen" in live
+
+
+def test_stop_cancels_a_long_generation(app):
+    _, url = app
+    client = Client(url, verbose=False)
+    job = client.submit(*chat_args("Write a very long story about a dragon.", drafter="none", max_tokens=400),
+                        api_name="/chat")
+    deadline = time.perf_counter() + 60
+    while time.perf_counter() < deadline:
+        outs = job.outputs()
+        if outs and isinstance(outs[-1][2], dict) and len(outs[-1][2]["tokens"]) >= 3:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("no tokens streamed within 60 s")
+    t = time.perf_counter()
+    client.predict(api_name="/stop")
+    details = job.result(timeout=30)[2]
+    assert time.perf_counter() - t < 10
+    assert details["finish_reason"] == "stopped"
+    assert 3 <= len(details["tokens"]) < 400
+
+
+def test_two_concurrent_sessions_do_not_corrupt_each_other(app, reference):
+    blocks, url = app
+    prompts = ["Count from one to thirty in words, separated by commas.",
+               "List the months of the year, one per line, then the days of the week."]
+    logs: list[list] = [[], []]
+    results: list = [None, None]
+
+    def go(i: int) -> None:
+        results[i] = run_job(Client(url, verbose=False), chat_args(prompts[i], max_tokens=48), logs[i])
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=180)
+    for i in range(2):
+        tokens, sources, pieces = engine_run(reference, prompts[i], gamma=3, max_tokens=48)
+        details = results[i][2]
+        assert details["tokens"] == tokens
+        assert [s for _, s in details["segments"]] == sources
+        assert "".join(p for p, _ in details["segments"]) == "".join(pieces)
+    # They really overlapped: each session streamed tokens before the other one had finished.
+    first = [min(t for t, out in log if out[2] and out[2]["tokens"]) for log in logs]
+    last = [log[-1][0] for log in logs]
+    assert first[0] < last[1] and first[1] < last[0], (first, last)
+    assert any(name.endswith("x2") for name in blocks.edgespec.pool.loaded())
+
+
+def test_errors_are_shown_and_the_app_keeps_running(app, tmp_path):
+    _, url = app
+    client = Client(url, verbose=False)
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"this is not a model" * 10)
+    out = client.predict(*chat_args("hello", target=str(bad)), api_name="/chat")
+    assert "not a GGUF file" in out[-1] and out[2]["error"]
+
+    long_msg = "word " * 700  # far beyond the 512-token context
+    out = client.predict(*chat_args(long_msg), api_name="/chat")
+    assert "context holds 512" in out[-1]
+    assert out[0] == long_msg  # the failed message is handed back for editing
+
+    status = client.predict("smollm2-135m", "gemma3-270m", api_name="/load_models")
+    assert "incompatible pair" in status and "smollm2" in status.lower()
+
+    out = client.predict(*chat_args("Say hello.", max_tokens=8), api_name="/chat")
+    assert out[-1] == "" and 1 <= len(out[2]["tokens"]) <= 8
+
+
+def test_race_tab_gives_three_columns_and_a_chart(app):
+    _, url = app
+    client = Client(url, verbose=False)
+    cols = [
+        (True, "plain", "smollm2-135m", "none", "0"),
+        (True, "n-gram gamma 2", "smollm2-135m", "ngram", "2"),
+        (True, "n-gram gamma 4", "smollm2-135m", "ngram", "4"),
+    ]
+    flat = [v for c in cols for v in c]
+    *htmls, status, chart, summary = client.predict(
+        "List: red, green, blue, red, green, blue, red, green, blue. Repeat the list twice.", 24, True, *flat,
+        api_name="/race",
+    )
+    assert len(htmls) == 3
+    assert summary["method"].startswith("sequential runs")
+    assert [c["label"] for c in summary["columns"]] == ["plain", "n-gram gamma 2", "n-gram gamma 4"]
+    for html, col in zip(htmls, summary["columns"], strict=True):
+        assert col["error"] is None and col["generated"] > 0 and col["tokens_per_s"] > 0
+        assert 'class="es-out"' in html and "tok/s" in html and col["label"] in html
+    assert summary["columns"][0]["speedup"] == pytest.approx(1.0)
+    assert chart["y_lim"][0] == 0  # bars start at zero
+    bars = chart["value"]["data"]
+    assert len(bars) == 3 and all(row[1] > 0 for row in bars)
+    assert [row[0].split(" ", 2)[2] for row in bars] == [c["label"] for c in summary["columns"]]
+    assert status.startswith("Done.")
