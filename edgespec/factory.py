@@ -54,11 +54,18 @@ def prepare_runtime(opts: RuntimeOptions) -> None:
             raise EdgeSpecError("the exact-mode library was built with llamafile on; rebuild it with scripts/setup.sh")
 
 
-def load_model(name: str, opts: RuntimeOptions, progress: Callable[[float], None] | None = None) -> Model:
+def load_model(
+    name: str,
+    opts: RuntimeOptions,
+    progress: Callable[[float], None] | None = None,
+    download_progress: Callable[[int, int], None] | None = None,
+) -> Model:
+    """Resolve `name` (downloading a catalog or hf: model if needed) and load it.
+    progress(fraction) follows llama.cpp's loading; download_progress(done, total) a download."""
     from models import resolve
 
     prepare_runtime(opts)
-    path = resolve(name)
+    path = resolve(name, download_progress)
     return Model(
         path,
         n_ctx=opts.n_ctx,
