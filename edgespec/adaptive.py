@@ -68,6 +68,10 @@ class AutoGamma:
         self.last_choice = 0
         self.last_predicted = 1.0
         self._calibrated_for: Model | None = None
+        self._steps = 0
+        self._steps_plain = 0
+        self._probe_interval = probe_every
+        self._probing = False
 
     # ------------------------------------------------------------------ estimates
     @property
@@ -126,9 +130,12 @@ class AutoGamma:
             self.last_predicted = s
             if s < self.margin:
                 g = 0
-            if g == 0 and self._since_draft >= self.probe_every:
+            if g == 0 and self._since_draft >= self._probe_interval:
                 g = self.probe_gamma
+                self._probing = True
         self.last_choice = g
+        self._steps += 1
+        self._steps_plain += g == 0
         return g
 
     def observe(self, k: int, n_accepted: int, rows: int, target_s: float, draft_s: float) -> None:
@@ -137,6 +144,12 @@ class AutoGamma:
             self._t_n *= self.cost_decay
             self._t_sum[rows] += target_s
             self._t_n[rows] += 1.0
+        if self._probing and k > 0:
+            # A probe that fails makes the next one wait twice as long (bounded cost on text that
+            # never copies); one that is fully accepted resumes normal probing.
+            full = n_accepted == k
+            self._probe_interval = self.probe_every if full else min(2 * self._probe_interval, 128)
+        self._probing = False
         if k > 0:
             d = self.decay
             self._succ = d * self._succ + n_accepted
@@ -147,8 +160,20 @@ class AutoGamma:
         else:
             self._since_draft += 1
 
+    def fallback_note(self) -> str | None:
+        """Says so when the policy has been running plain decoding because nothing would pay."""
+        if self._steps_plain * 2 < self._steps:
+            return None
+        return (
+            f"gamma auto: plain decoding on {self._steps_plain} of {self._steps} steps; no draft length was "
+            f"predicted to beat it (alpha {self.alpha:.2f}, T(2)/T(1) {self.t_ratio(2):.2f})"
+        )
+
     def snapshot(self) -> dict:
         return {
+            "steps": self._steps,
+            "plain_steps": self._steps_plain,
+            "fallback": self.fallback_note(),
             "alpha": self.alpha,
             "c": self.c,
             "gamma": self.last_choice,

@@ -46,6 +46,12 @@ def add_generation_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--min-p", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument(
+        "--verifier",
+        choices=["rejection", "match"],
+        default="rejection",
+        help="at temperature > 0: modified rejection sampling (default) or exact match of the target's own sample",
+    )
     add_runtime_args(ap)
 
 
@@ -100,7 +106,7 @@ def headless(args: argparse.Namespace) -> int:
 
     text = read_prompt(args)
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed)
-    config = GenerationConfig(max_tokens=args.max_tokens, sampling=sampling)
+    config = GenerationConfig(max_tokens=args.max_tokens, sampling=sampling, verifier=args.verifier)
     gamma = parse_gamma(args.gamma)
     ngram = parse_ngram(args.ngram)
     opts = RuntimeOptions(n_ctx=args.ctx, n_threads=args.threads, flash_attn=args.flash_attn, exact=args.exact)
@@ -150,10 +156,16 @@ def headless(args: argparse.Namespace) -> int:
             "exact": args.exact,
             "stats": stats.to_dict(),
         }
+        snapshot = getattr(engine.gamma, "snapshot", None)
+        if snapshot is not None and drafter is not None:
+            out["adaptive"] = snapshot()
         print(json.dumps(out, ensure_ascii=False))
     else:
         print()
         print(stats_line(stats, engine.drafter_name, getattr(engine.gamma, "label", "")), file=sys.stderr)
+        note = getattr(engine.gamma, "fallback_note", None)
+        if note is not None and drafter is not None and note():
+            print(note(), file=sys.stderr)
     return 0
 
 

@@ -21,7 +21,7 @@ import numpy as np
 from edgespec.drafters import Draft, Drafter
 from edgespec.errors import EdgeSpecError
 from edgespec.runtime import Model, TextStream
-from edgespec.sampling import SamplingParams, verify_greedy, verify_stochastic
+from edgespec.sampling import SamplingParams, verify_greedy, verify_match, verify_stochastic
 
 DRAFT, TARGET, BONUS = "draft", "target", "bonus"
 
@@ -58,8 +58,13 @@ class GenerationConfig:
     # kernel path as verification, which is how the engine's exactness is tested (README).
     min_batch_rows: int = 1
     stop_at_eog: bool = True
+    # 'rejection': modified rejection sampling (min(1, p/q), residual resample); 'match': accept a
+    # draft only if the target samples the same token (lossless, lower acceptance; for comparison).
+    verifier: str = "rejection"
 
     def __post_init__(self) -> None:
+        if self.verifier not in ("rejection", "match"):
+            raise EdgeSpecError(f"verifier must be 'rejection' or 'match', got {self.verifier!r}")
         if self.max_tokens < 1:
             raise EdgeSpecError(f"max tokens must be >= 1, got {self.max_tokens}")
 
@@ -223,6 +228,8 @@ class Engine:
             tt = time.perf_counter()
             if cfg.sampling.greedy:
                 n_acc, nxt = verify_greedy(logits, draft.tokens)
+            elif cfg.verifier == "match":
+                n_acc, nxt = verify_match(logits, draft.tokens, cfg.sampling, rng)
             else:
                 n_acc, nxt = verify_stochastic(logits, draft.tokens, draft.probs, cfg.sampling, rng)
             target.truncate(n_past0 + 1 + n_acc)  # keep x_last and the accepted drafts

@@ -141,3 +141,21 @@ def verify_stochastic(
             residual = p
         return i, sample(residual, rng)
     return len(draft), sample(process(target_logits[len(draft)], params), rng)
+
+
+def verify_match(
+    target_logits: np.ndarray,
+    draft: np.ndarray,
+    params: SamplingParams,
+    rng: np.random.Generator,
+) -> tuple[int, int]:
+    """Exact-match verification (what llama.cpp's server and Llama.generate do): the target samples
+    its own token at each position and a draft is accepted only if it is that token. Lossless too,
+    but a sampled draft d ~ q is accepted with probability p(d) instead of min(1, p(d)/q(d)), so
+    acceptance is lower whenever the draft is stochastic. Kept for comparison.
+    """
+    for i, d in enumerate(np.asarray(draft).tolist()):
+        tok = sample(process(target_logits[i], params), rng)
+        if tok != d:
+            return i, tok
+    return len(draft), sample(process(target_logits[len(draft)], params), rng)

@@ -8,7 +8,7 @@ import pytest
 from scipy.stats import chisquare
 
 from edgespec.errors import EdgeSpecError
-from edgespec.sampling import SamplingParams, process, sample, verify_greedy, verify_stochastic
+from edgespec.sampling import SamplingParams, process, sample, verify_greedy, verify_match, verify_stochastic
 
 V = 8
 TRIALS = 30_000
@@ -94,6 +94,18 @@ def test_rejection_sampling_is_lossless_with_onehot_drafts():
     first, second = _emitted_counts(logits, None, params, verify_stochastic, onehot_tokens=drafted)
     _assert_matches(first, p0)
     _assert_matches(second, process(logits[1], params))
+
+
+def test_exact_match_verification_is_lossless_but_accepts_less():
+    rng = np.random.default_rng(4)
+    params = SamplingParams(temperature=1.0)
+    logits = rng.normal(0, 2, size=(3, V)).astype(np.float32)
+    q_rows = np.stack([process(r, params) for r in rng.normal(0, 1, size=(2, V))])
+    first, _ = _emitted_counts(logits, q_rows, params, lambda lg, d, q, pr, r: verify_match(lg, d, pr, r))
+    _assert_matches(first, process(logits[0], params))
+    p0 = process(logits[0], params)
+    # acceptance of the first draft: sum q*p for exact match vs sum min(p, q) for rejection sampling
+    assert (q_rows[0] * p0).sum() < np.minimum(q_rows[0], p0).sum()
 
 
 def test_draft_token_outside_target_support_is_always_rejected():

@@ -16,7 +16,8 @@ from edgespec.ui import Defaults, build_app, start
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
-COPY_PROMPT = "Repeat exactly: the cat sat on the mat, the cat sat on the mat, the cat sat on the mat."
+COPY_PROMPT = ("Copy this text exactly: The quick brown fox jumps over the lazy dog. "
+               "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog.")
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).is_file(), reason="Debian's chromium is not installed (apt-get install chromium)")
 
@@ -104,7 +105,8 @@ def test_race_tab_shows_three_columns_and_a_chart(page, tmp_path):
 
 def test_models_tab_shows_the_catalog_and_why_a_pair_fails(page, tmp_path):
     page.get_by_role("tab", name="Models").click()
-    assert page.get_by_text("qwen2.5-0.5b-instruct").first.is_visible()  # the catalog table
+    page.wait_for_selector("#es-catalog table", timeout=10_000)
+    assert "qwen2.5-0.5b-instruct" in page.locator("#es-catalog").inner_text()
     draft = page.locator("#es-draft-model input")
     draft.fill("gemma3-270m")
     draft.press("Enter")

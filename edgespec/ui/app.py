@@ -33,6 +33,11 @@ def build_app(opts: RuntimeOptions | None = None, defaults: Defaults | None = No
             bench_tab()
         with chat_area:
             build_chat_tab(ctx, target, draft)
+
+        def forget(request: gr.Request) -> None:
+            ctx.forget(request.session_hash or "")
+
+        app.unload(forget)
     app.edgespec = ctx  # tests and launch() reach the pool through the app
     return app
 

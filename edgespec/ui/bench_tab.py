@@ -38,8 +38,10 @@ def run_small_suite(
     repeats: float,
     reference: bool,
     stop: threading.Event,
+    threads: int | None = None,
 ) -> Iterator[tuple[str, str, list[str]]]:
-    """Run the bench on a background thread; yield (status, report markdown, plot paths) as it goes."""
+    """Run the bench on a background thread; yield (status, report markdown, plot paths) as it goes.
+    `threads` None uses every core; on a busy machine 1 thread measures more steadily."""
     if not suite or not Path(suite).is_file():
         raise gr.Error(f"suite file not found: {suite}")
     out = Path(tempfile.mkdtemp(prefix="edgespec-bench-"))
@@ -51,6 +53,7 @@ def run_small_suite(
             max_tokens=int(max_tokens),
             repeats=int(repeats),
             reference=bool(reference),
+            n_threads=threads or None,
         )
     except EdgeSpecError as exc:
         raise gr.Error(str(exc)) from None
@@ -97,6 +100,7 @@ def bench_tab() -> None:
         per_cat = gr.Number(2, label="prompts per category", precision=0, minimum=1)
         max_tokens = gr.Number(64, label="max tokens", precision=0, minimum=1)
         repeats = gr.Number(1, label="repeats", precision=0, minimum=1)
+        threads = gr.Number(0, label="threads (0 = all cores)", precision=0, minimum=0)
         reference = gr.Checkbox(True, label="llama-cpp-python reference")
     with gr.Row():
         run = gr.Button("Run bench", variant="primary")
@@ -105,9 +109,11 @@ def bench_tab() -> None:
     report = gr.Markdown("", elem_id="bench-report")
     plots = gr.Gallery(label="plots", columns=3, height="auto")
 
-    def start(s: str, t: str, pc: float, mt: float, r: float, ref: bool) -> Iterator[tuple[str, str, list[str]]]:
-        yield from run_small_suite(s, t, pc, mt, r, ref, stop)
+    def start(
+        s: str, t: str, pc: float, mt: float, r: float, ref: bool, th: float
+    ) -> Iterator[tuple[str, str, list[str]]]:
+        yield from run_small_suite(s, t, pc, mt, r, ref, stop, int(th or 0) or None)
 
-    run.click(start, [suite, target, per_cat, max_tokens, repeats, reference], [status, report, plots],
+    run.click(start, [suite, target, per_cat, max_tokens, repeats, reference, threads], [status, report, plots],
               concurrency_id="bench")
     halt.click(lambda: stop.set(), None, None, queue=False)

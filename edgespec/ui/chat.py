@@ -54,6 +54,7 @@ def details(tr: Tracker) -> dict[str, Any]:
     return {
         "segments": [[p, s] for p, s in tr.segments],
         "tokens": tr.tokens,
+        "prompt_tokens": tr.prompt_tokens,
         "finish_reason": tr.finish_reason,
         "drafter": tr.drafter,
         "gamma": tr.gamma_label,

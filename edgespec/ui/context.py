@@ -43,6 +43,12 @@ class AppContext:
             self._stops[(session, kind)] = ev
         return ev
 
+    def forget(self, session: str) -> None:
+        """Drop a closed session's stop flags (stopping anything it left running)."""
+        with self._lock:
+            for key in [k for k in self._stops if k[0] == session]:
+                self._stops.pop(key).set()
+
     def stop(self, session: str, kind: str) -> bool:
         """Stop the session's running generation of that kind; False if none was registered."""
         with self._lock:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from edgespec.engine import Engine, GenerationConfig, StepEvent
@@ -112,15 +112,9 @@ def _predicted(engine: Engine, alpha: float, costs: dict[int, float], ev: StepEv
     return walltime_speedup(alpha, g, c, costs[g + 1] / t1), t1
 
 
-def _worker(
-    pool: ModelPool,
-    req: Request,
-    stop: threading.Event,
-    out: queue.Queue,
-    on_load: Callable[[float], None] | None,
-) -> None:
+def _worker(pool: ModelPool, req: Request, stop: threading.Event, out: queue.Queue) -> None:
     try:
-        with pool.lease(req.target, on_load) as slot:
+        with pool.lease(req.target) as slot:
             _generate(slot, pool, req, stop, out)
     except EdgeSpecError as exc:
         out.put(("error", str(exc)))
@@ -142,6 +136,9 @@ def _generate(slot: Slot, pool: ModelPool, req: Request, stop: threading.Event, 
         prompt = model.tokenize(model.apply_chat_template(req.messages), add_special=True, parse_special=True)
     else:
         prompt = model.tokenize(req.text or "", add_special=True)
+    calibrate = getattr(engine.gamma, "calibrate", None)
+    if calibrate is not None and drafter is not None:
+        calibrate(model)  # now, so its timed passes stay out of the recorded token times
     out.put(("start", (engine.drafter_name, getattr(engine.gamma, "label", str(gamma)), len(prompt))))
     t0 = time.perf_counter()
     alpha = _Alpha()
@@ -175,18 +172,18 @@ def stream(
     req: Request,
     stop: threading.Event,
     every_s: float = 0.1,
-    on_load: Callable[[float], None] | None = None,
 ) -> Iterator[Tracker]:
     """Start the generation and yield the growing Tracker at most every `every_s` seconds, and once
     more at the end. If the consumer goes away (browser closed, job cancelled) the generation is
     stopped."""
     out: queue.Queue = queue.Queue()
-    th = threading.Thread(target=_worker, args=(pool, req, stop, out, on_load), daemon=True)
+    th = threading.Thread(target=_worker, args=(pool, req, stop, out), daemon=True)
     th.start()
     tracker = Tracker()
     finished = False
     try:
-        last_yield = 0.0
+        yield tracker  # at once, so the UI shows "loading..." while the model loads
+        last_yield = time.perf_counter()
         while not finished:
             kind, payload = out.get()
             while True:

@@ -100,6 +100,7 @@ def load_pair(ctx: AppContext, target: str, draft: str, progress: gr.Progress) -
             if warning:
                 lines.append(f"**warning** {warning}")
     progress(1.0)
+    lines.append(f"**in memory** {', '.join(ctx.pool.loaded())}")
     return "\n\n".join(lines)
 
 
@@ -143,9 +144,9 @@ def build_models_tab(ctx: AppContext) -> tuple[gr.Dropdown, gr.Dropdown]:
         rescan = gr.Button("Rescan models/")
     status = gr.Markdown("", elem_id="es-models-status")
     gr.Markdown("### Catalog of known pairs")
-    table = gr.Dataframe(catalog_frame(), interactive=False, wrap=True)
+    table = gr.Dataframe(catalog_frame(), interactive=False, wrap=True, elem_id="es-catalog")
     with gr.Row():
-        pick = gr.Dropdown(catalog_names(), allow_custom_value=True, label="Download (catalog name or hf:ORG/REPO[:FILE])")
+        pick = gr.Dropdown([""] + catalog_names(), value="", allow_custom_value=True, label="Download (catalog name or hf:ORG/REPO[:FILE])")
         fetch = gr.Button("Download")
     fetched = gr.Markdown("", elem_id="es-download-status")
 

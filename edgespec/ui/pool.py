@@ -34,6 +34,7 @@ class Slot:
     draft_models: dict[str, Drafter] = field(default_factory=dict)
     pass_costs: dict[int, float] = field(default_factory=dict)
     costs_at: float = 0.0  # perf_counter() when pass_costs were measured
+    used_at: float = field(default_factory=time.perf_counter)  # last lease, for evicting the stalest
 
     def drafter(self, spec: str, opts: RuntimeOptions, ngram: tuple[int, int]) -> Drafter | None:
         """A drafter for one generation: n-gram drafters are rebuilt (cheap, stateless between
@@ -64,9 +65,13 @@ class Slot:
 
 
 class ModelPool:
-    def __init__(self, opts: RuntimeOptions, per_key: int = 2) -> None:
+    """Loaded models keyed by their resolved path: up to `per_key` instances of one model and
+    `max_slots` instances in all; the least recently used idle instance is freed to make room."""
+
+    def __init__(self, opts: RuntimeOptions, per_key: int = 2, max_slots: int = 4) -> None:
         self.opts = opts
         self.per_key = per_key
+        self.max_slots = max_slots
         self._cond = threading.Condition()
         self._slots: dict[str, list[Slot]] = {}
         self._loading: dict[str, int] = {}
@@ -95,19 +100,29 @@ class ModelPool:
                 self._cond.notify_all()
 
     def _acquire(self, key: str, progress: Progress | None) -> Slot:
+        evicted: Slot | None = None
         with self._cond:
             while True:
                 slots = self._slots.setdefault(key, [])
                 for s in slots:
                     if not s.busy:
                         s.busy = True
+                        s.used_at = time.perf_counter()
                         if progress is not None:
                             progress(1.0)
                         return s
                 if len(slots) + self._loading.get(key, 0) < self.per_key:
-                    self._loading[key] = self._loading.get(key, 0) + 1
-                    break
+                    total = sum(map(len, self._slots.values())) + sum(self._loading.values())
+                    idle = [(s.used_at, k, s) for k, v in self._slots.items() for s in v if not s.busy]
+                    if total < self.max_slots or idle:
+                        if total >= self.max_slots:
+                            _, k, evicted = min(idle, key=lambda t: t[0])
+                            self._slots[k].remove(evicted)
+                        self._loading[key] = self._loading.get(key, 0) + 1
+                        break
                 self._cond.wait()
+        if evicted is not None:
+            evicted.close()
         try:
             model = load_model(key, self.opts, progress)
         except BaseException:
@@ -121,25 +136,12 @@ class ModelPool:
             self._slots[key].append(slot)
         return slot
 
-    def preload(self, name: str, progress: Progress | None = None) -> Model:
-        """Load one instance of `name` now (the Models panel's Load button) and return it."""
-        with self.lease(name, progress) as slot:
-            return slot.model
-
     def active(self) -> int:
         """Number of generations (or loads) holding a model right now."""
         with self._cond:
             return sum(s.busy for v in self._slots.values() for s in v) + sum(self._loading.values())
 
     def loaded(self) -> list[str]:
+        """'file.gguf xN' for each model with N instances in memory."""
         with self._cond:
             return [f"{Path(k).name} x{len(v)}" for k, v in self._slots.items() if v]
-
-    def close(self) -> None:
-        with self._cond:
-            if any(s.busy for v in self._slots.values() for s in v):
-                raise EdgeSpecError("models are still generating; stop them before closing the pool")
-            for v in self._slots.values():
-                for s in v:
-                    s.close()
-            self._slots.clear()

@@ -53,9 +53,9 @@ def default_columns(target: str) -> list[Column]:
     from models.derive import DERIVED_DIR
 
     q8 = DERIVED_DIR / "SmolLM2-135M-Instruct.Q8_0-from-Q4_1.gguf"
-    base = str(q8) if q8.is_file() else target
+    has_q8 = q8.is_file() and target == "smollm2-135m"  # the Q8_0 file holds SmolLM2's weights only
     return [
-        Column("baseline target" + (" (Q8_0)" if q8.is_file() else ""), base, "none", "0"),
+        Column("baseline target" + (" (Q8_0)" if has_q8 else ""), str(q8) if has_q8 else target, "none", "0"),
         Column("quantized target", target, "none", "0"),
         Column("quantized + n-gram speculative", target, "ngram", "auto"),
     ]
@@ -85,7 +85,7 @@ def build_race_tab(ctx: AppContext) -> None:
     cols0 = default_columns(d.target)
     cores = len(os.sched_getaffinity(0))
     gr.Markdown(METHOD.format(cores=cores), elem_id="race-method")
-    prompt = gr.Textbox(DEFAULT_PROMPT, lines=3, label="Prompt (raw text, no chat template)", elem_id="race-prompt")
+    prompt = gr.Textbox(DEFAULT_PROMPT, lines=3, label="Prompt", elem_id="race-prompt")
     with gr.Row():
         max_tokens = gr.Slider(8, 1024, value=min(d.max_tokens, 128), step=1, label="max tokens per column", elem_id="race-max-tokens")
         chat_fmt = gr.Checkbox(True, label="wrap in the target's chat template")
@@ -197,13 +197,13 @@ def replay(cols: list[Column], runs: list[Tracker], htmls: list[str], note: str 
             finished = done or not tr.times or tau >= tr.times[-1]
             if finished and tr.last is not None:
                 speed = f"{tr.last.stats.tokens_per_s:.1f} tok/s"
-                note = render.stats_line(tr)
+                foot = render.stats_line(tr)
             else:
                 speed = f"{n / tau:.1f} tok/s" if tau > 0 and n else "..."
-                note = "replaying recorded timings"
+                foot = "replaying recorded timings"
             if tr.error and tr.last is None:
-                speed, note = "failed", f"error: {tr.error}"
-            htmls[i] = column_html(col, tr.segments[:n], speed, note)
+                speed, foot = "failed", f"error: {tr.error}"
+            htmls[i] = column_html(col, tr.segments[:n], speed, foot)
         if done:
             break
         yield (*htmls, "Replaying the recorded timings in sync...", gr.skip(), gr.skip())

@@ -1,0 +1,46 @@
+"""Exact mode (--exact): llamafile-off build, flash attention off, no repacking. For F16/Q8_0/Q4_x
+weights a token's logits no longer depend on the batch it is decoded in, so greedy speculative
+output is identical to plain single-token decoding (no same-path trick needed)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from edgespec.errors import EdgeSpecError
+from edgespec.factory import exact_site
+from models.derive import derive_pair
+from tests.conftest import run_app
+
+try:
+    exact_site()
+    HAVE_EXACT = True
+except EdgeSpecError:
+    HAVE_EXACT = False
+
+pytestmark = pytest.mark.skipif(not HAVE_EXACT, reason="exact-mode library not built (EDGESPEC_EXACT_LIB=0)")
+
+PROMPTS = [
+    "Rewrite this function with a docstring:\n\ndef area(w, h):\n    return w * h\n",
+    "List three uses of copper and explain each briefly.",
+]
+
+
+def generate(target: str, draft: str, prompt: str, gamma: str = "4") -> dict:
+    res = run_app("--headless", "--exact", "--chat", "--target", target, "--draft", draft, "--gamma", gamma,
+                  "--prompt", prompt, "--max-tokens", "64", "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["exact"] is True
+    return out
+
+
+@pytest.mark.parametrize("which", ["q4_1", "q8_0"])
+def test_exact_mode_speculative_equals_plain_decoding(which):
+    target = "smollm2-135m" if which == "q4_1" else str(derive_pair()[0])
+    for prompt in PROMPTS:
+        plain = generate(target, "none", prompt)
+        spec = generate(target, "ngram", prompt, gamma="6")
+        assert spec["tokens"] == plain["tokens"], prompt
+        assert spec["stats"]["drafted"] > 0

@@ -1,0 +1,54 @@
+"""The UI's model pool: one generation per loaded instance, bounded memory, clear errors."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from edgespec.errors import EdgeSpecError
+from edgespec.factory import RuntimeOptions
+from edgespec.ui.pool import ModelPool
+
+OPTS = RuntimeOptions(n_ctx=128)
+
+
+def test_a_busy_instance_is_never_leased_twice_and_the_third_lease_waits():
+    pool = ModelPool(OPTS, per_key=2)
+    with pool.lease("smollm2-135m") as a, pool.lease("smollm2-135m") as b:
+        assert a.model is not b.model and pool.active() == 2
+        got = threading.Event()
+
+        def third() -> None:
+            with pool.lease("smollm2-135m") as c:
+                assert c.model in (a.model, b.model)
+                got.set()
+
+        th = threading.Thread(target=third)
+        th.start()
+        assert not got.wait(1.0), "a third lease must wait for a free instance"
+    th.join(timeout=30)
+    assert got.is_set() and pool.active() == 0
+    assert pool.loaded() == ["SmolLM2-135M-Instruct.Q4_1.gguf x2"]
+
+
+def test_the_least_recently_used_idle_instance_is_freed_to_make_room():
+    from models.derive import derive_pair
+
+    q8, _ = derive_pair()
+    pool = ModelPool(OPTS, per_key=2, max_slots=2)
+    with pool.lease("smollm2-135m"), pool.lease("smollm2-135m"):
+        pass
+    with pool.lease(str(q8)):
+        assert sorted(pool.loaded()) == ["SmolLM2-135M-Instruct.Q4_1.gguf x1", f"{q8.name} x1"]
+
+
+def test_unknown_or_undownloaded_models_fail_with_one_line():
+    pool = ModelPool(OPTS)
+    with pytest.raises(EdgeSpecError, match="unknown model"):
+        with pool.lease("no-such-model"):
+            pass
+    with pytest.raises(EdgeSpecError, match="not downloaded yet"):
+        with pool.lease("qwen2.5-0.5b-instruct"):
+            pass
+    assert pool.active() == 0
