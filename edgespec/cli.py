@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn, Sequence
+from typing import NoReturn
 
 from edgespec.errors import EdgeSpecError
 
@@ -133,7 +134,7 @@ def headless(args: argparse.Namespace) -> int:
             sources += ev.sources
             pieces += ev.pieces
             if not args.json:
-                for piece, src in zip(ev.pieces, ev.sources):
+                for piece, src in zip(ev.pieces, ev.sources, strict=True):
                     sys.stdout.write(f"{COLOURS[src]}{piece}{RESET}" if colour and COLOURS[src] else piece)
                 sys.stdout.flush()
     except KeyboardInterrupt:

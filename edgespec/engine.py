@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Iterator, Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 

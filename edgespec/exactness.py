@@ -8,8 +8,8 @@ runs and measures the target's top-2 logit gap there, on the plain single-token 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Sequence
 
 import numpy as np
 

@@ -14,11 +14,12 @@ import codecs
 import ctypes
 import os
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from types import ModuleType
-from typing import Callable, Literal, Sequence
+from typing import Literal
 
 import numpy as np
 

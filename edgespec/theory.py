@@ -6,6 +6,8 @@ rows in one target pass relative to decoding one token (1 in the paper's idealis
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 
@@ -48,7 +50,7 @@ def gamma1_speedup(alpha: float, c: float) -> float:
     return (1.0 + alpha) / (1.0 + c)
 
 
-def best_gamma(alpha: float, c: float, t_ratio: "callable[[int], float]", gamma_max: int) -> tuple[int, float]:
+def best_gamma(alpha: float, c: float, t_ratio: Callable[[int], float], gamma_max: int) -> tuple[int, float]:
     """The gamma in [0, gamma_max] with the highest predicted speedup, and that speedup.
     gamma = 0 (plain decoding) has speedup 1 by definition."""
     best, best_s = 0, 1.0

@@ -7,8 +7,9 @@ into its state; a stateful drafter (a draft model with its own KV cache) rolls i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 

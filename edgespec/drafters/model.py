@@ -12,7 +12,7 @@ At temperature 0 drafting is greedy and q is one-hot (returned as None).
 from __future__ import annotations
 
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -8,7 +8,7 @@ O(n_max) dictionary work however long the context is (no rescans of the whole co
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
