@@ -185,6 +185,16 @@ def cmd_ensure_bundled(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_derive(args: argparse.Namespace) -> int:
+    from models.derive import DERIVED_DIR, derive_pair
+
+    target, draft = derive_pair(Path(args.out) if args.out else DERIVED_DIR)
+    print(f"target {target}  ({target.stat().st_size / 1e6:.0f} MB)")
+    print(f"draft  {draft}  ({draft.stat().st_size / 1e6:.0f} MB)")
+    print(f"try:   python app.py --headless --chat --target {target} --draft {draft} --prompt '...'")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m models", description="Installed, catalog and Hub models.")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -202,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=cmd_remove)
     sub.add_parser("ensure-bundled", help="locate (and assemble) the bundled default models").set_defaults(
         fn=cmd_ensure_bundled)
+    p = sub.add_parser("derive", help="make the same-vocabulary SmolLM2 pair (Q8_0 target, bundled Q4_1 draft)")
+    p.add_argument("--out", default=None, help="folder for the derived target (default ~/.cache/edgespec/derived)")
+    p.set_defaults(fn=cmd_derive)
     args = ap.parse_args(argv)
     try:
         return args.fn(args)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn, Sequence
+from typing import NoReturn
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -31,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     cv.add_argument("input", help="source .gguf (F16/F32 or quantized)")
     cv.add_argument("output", help="output .gguf (written atomically; never the input)")
     cv.add_argument("--to", required=True, metavar="FORMAT", help="one of: " + ", ".join(TARGETS))
+    cv.add_argument("--mx-embeddings", action="store_true",
+                    help="MX formats: quantize token_embd/output too (default: keep them Q8_0)")
     cv.add_argument("--no-progress", action="store_true", help="no progress bar")
     cv.add_argument("--json", action="store_true", help="print the per-tensor choices as JSON")
 
@@ -51,15 +55,22 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _terminate(signum: int, frame: object) -> None:
+    # Unwind normally on SIGTERM so the atomic writer deletes its temporary file.
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         if args.command == "convert":
             import json
 
             from quant.convert import convert
 
-            res = convert(args.input, args.output, args.to, progress=not args.no_progress,
+            res = convert(args.input, args.output, args.to, mx_head=args.mx_embeddings,
+                          progress=not args.no_progress,
                           log=lambda s: print(s, file=sys.stderr))
             print(json.dumps(res.to_dict(), indent=1) if args.json else res.summary())
         else:

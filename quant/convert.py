@@ -9,8 +9,9 @@ Three routes, chosen by the target format:
   choice. Matrices whose rows are a multiple of 32 become real GGML MXFP4 (type 39) for mxfp4, or
   are quantize-dequantized through the MX format into an F16 container (BF16/F32 if F16 would
   round the MX values) for mxfp6-*, mxfp8-*, mxint8: emulation, recorded in `edgespec.quant.*`
-  metadata. Token embeddings / output head stay Q8_0, 1-D tensors (norms) stay F32, other
-  tensors that do not fit stay F16.
+  metadata. Token embeddings / output head stay Q8_0 unless `mx_head` (they dominate the size of
+  large-vocabulary models such as Gemma-3), 1-D tensors (norms) stay F32, other tensors that do not
+  fit stay F16.
 
 The input is opened read-only. Output goes to OUT.tmp-XXXX in the same folder, is fsync'ed and renamed
 at the end; any failure deletes the temporary file, so a failed run leaves no partial output.
@@ -22,10 +23,10 @@ import ctypes
 import os
 import re
 import tempfile
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, quants
@@ -219,7 +220,7 @@ def _container(values: np.ndarray) -> tuple[np.ndarray, GGMLQuantizationType]:
     return values, Q.F32
 
 
-def _plan(t, target: str) -> tuple[GGMLQuantizationType, str | None]:
+def _plan(t, target: str, mx_head: bool) -> tuple[GGMLQuantizationType, str | None]:
     """Output type for one tensor, and the MX format it carries (None when not MX)."""
     ne0 = int(t.shape[0])
     if len(t.shape) < 2:
@@ -228,12 +229,12 @@ def _plan(t, target: str) -> tuple[GGMLQuantizationType, str | None]:
         return Q.F16, None
     if ne0 % mx.BLOCK:
         return Q.F16, None
-    if t.name in HEAD_TENSORS:
+    if t.name in HEAD_TENSORS and not mx_head:
         return Q.Q8_0, None
     return (Q.MXFP4 if target == "mxfp4" else Q.F16), target
 
 
-def _write_direct(reader: GGUFReader, src: Path, tmp: Path, target: str, show: bool) -> list[TensorChoice]:
+def _write_direct(reader: GGUFReader, tmp: Path, target: str, show: bool, mx_head: bool = False) -> list[TensorChoice]:
     """The f16 and MX routes: convert tensor by tensor in numpy and write the GGUF with gguf-py."""
     emulated = target in MX_TARGETS and target != "mxfp4"
     fmt = mx.element_format(target) if target in MX_TARGETS else None
@@ -242,7 +243,7 @@ def _write_direct(reader: GGUFReader, src: Path, tmp: Path, target: str, show: b
     bar = tqdm(reader.tensors, desc=f"{target} ", unit="tensor", disable=not show, leave=False)
     for t in bar:
         bar.set_postfix_str(t.name, refresh=False)
-        out_type, mx_name = _plan(t, target)
+        out_type, mx_name = _plan(t, target, mx_head)
         shape = [int(n) for n in t.shape]
         if out_type == t.tensor_type and mx_name is None:
             data, raw = np.asarray(t.data), t.tensor_type  # same type: copy the bytes, no rounding
@@ -328,14 +329,18 @@ def _describe(path: Path, target: str) -> list[TensorChoice]:
             for t in reader.tensors]
 
 
-def convert(src: str | os.PathLike, dst: str | os.PathLike, target: str, *,
+def convert(src: str | os.PathLike, dst: str | os.PathLike, target: str, *, mx_head: bool = False,
             progress: bool = True, log: Callable[[str], None] | None = None) -> ConversionResult:
     """Write `dst`, a requantized copy of the GGUF model `src` in format `target` (see TARGETS).
+
+    mx_head: MX targets also cover token_embd/output (kept at Q8_0 by default).
 
     Raises EdgeSpecError with a one-line message on bad input or a failed write; `src` is only read.
     """
     if target not in TARGETS:
         raise EdgeSpecError(f"unknown format {target!r}; choose one of {', '.join(TARGETS)}")
+    if mx_head and target not in MX_TARGETS:
+        raise EdgeSpecError(f"--mx-embeddings applies to MX formats only, not {target}")
     src_p = Path(src).expanduser()
     dst_p = Path(dst).expanduser()
     reader = open_gguf(src_p)
@@ -351,11 +356,11 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, target: str, *,
             else:
                 say(f"{src_p.name} is already quantized: dequantizing to F16 first (temporary file)")
                 with _temp_file(dst_p.parent, ".f16.gguf") as f16:
-                    _write_direct(reader, src_p, f16, "f16", progress)
+                    _write_direct(reader, f16, "f16", progress)
                     _llama_quantize(f16, tmp, target, progress)
             choices = _describe(tmp, target)
         else:
-            choices = _write_direct(reader, src_p, tmp, target, progress)
+            choices = _write_direct(reader, tmp, target, progress, mx_head)
     for c in choices:
         c.source_type = source_types.get(c.name, "")
     n_params = int(sum(np.prod(c.shape, dtype=np.int64) for c in choices))

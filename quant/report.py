@@ -20,18 +20,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import re
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 from tqdm import tqdm
 
+from edgespec.drafters.model import ModelDrafter
+from edgespec.drafters.ngram import NgramDrafter
+from edgespec.engine import Engine, GenerationConfig
 from edgespec.errors import EdgeSpecError
 from edgespec.runtime import Model
 from quant.convert import FLOAT_TYPES, open_gguf, readable, tensor_float, type_bits
@@ -81,26 +85,45 @@ def summarize_file(path: str | Path, label: str) -> ModelSummary:
                         fmt, emulated, counts)
 
 
-def tensor_rmse(ref_path: str | Path, cand_path: str | Path) -> dict[str, float]:
-    """Relative RMSE ||c - r|| / ||r|| per tensor present in both files, plus '__all__' over all weights."""
-    ref, cand = open_gguf(ref_path), open_gguf(cand_path)
-    cand_t = {t.name: t for t in cand.tensors}
-    out: dict[str, float] = {}
-    err_sum, ref_sum = 0.0, 0.0
+def tensor_rmse(ref_path: str | Path, cand_paths: Sequence[str | Path],
+                names: Sequence[str] | None = None) -> list[dict[str, float]]:
+    """Relative RMSE ||c - r|| / ||r|| per tensor present in the reference and a candidate, one dict
+    per candidate, each with '__all__' over all those weights together. Each reference tensor is
+    dequantized once for all candidates; `names` limits the tensors compared."""
+    ref = open_gguf(ref_path)
+    cands = [{t.name: t for t in open_gguf(c).tensors} for c in cand_paths]
+    out: list[dict[str, float]] = [{} for _ in cands]
+    err = np.zeros(len(cands))
+    total = 0.0
     for t in ref.tensors:
-        c = cand_t.get(t.name)
-        if c is None or not (readable(t.tensor_type) and readable(c.tensor_type)):
+        if (names is not None and t.name not in names) or not readable(t.tensor_type):
             continue
-        r = tensor_float(t).astype(np.float64)
-        d = tensor_float(c).astype(np.float64)
-        if r.shape != d.shape:
-            raise EdgeSpecError(f"tensor {t.name} has shape {r.shape} in the reference but {d.shape} in {cand_path}")
-        e2, r2 = float(((d - r) ** 2).sum()), float((r**2).sum())
-        out[t.name] = float(np.sqrt(e2 / r2)) if r2 > 0 else 0.0
-        err_sum += e2
-        ref_sum += r2
-    out["__all__"] = float(np.sqrt(err_sum / ref_sum)) if ref_sum > 0 else 0.0
+        r = tensor_float(t).reshape(-1)
+        r2 = float(np.dot(r, r))
+        total += r2
+        for i, (ct, path) in enumerate(zip(cands, cand_paths, strict=True)):
+            c = ct.get(t.name)
+            if c is None or not readable(c.tensor_type):
+                continue
+            d = tensor_float(c).reshape(-1)
+            if d.shape != r.shape:
+                raise EdgeSpecError(f"tensor {t.name} has {r.size} values in the reference but {d.size} in {path}")
+            diff = d - r
+            e2 = float(np.dot(diff, diff))
+            out[i][t.name] = math.sqrt(e2 / r2) if r2 > 0 else 0.0
+            err[i] += e2
+    for i in range(len(cands)):
+        out[i]["__all__"] = math.sqrt(err[i] / total) if total > 0 else 0.0
     return out
+
+
+def matrix_rmse_summary(per: dict[str, float], matrices: set[str]) -> tuple[float, str, float]:
+    """Median, worst tensor and its value of per-tensor relative RMSE over the 2-D tensors (1-D norms
+    are copied unchanged and would pull the median to 0)."""
+    vals = sorted((v, n) for n, v in per.items() if n in matrices)
+    if not vals:
+        return 0.0, "", 0.0
+    return float(statistics.median(v for v, _ in vals)), vals[-1][1], vals[-1][0]
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -183,8 +206,6 @@ class SpeedSample:
 
 def run_generation(target: Model, drafter, prompts: Sequence[Sequence[int]], gen_tokens: int, gamma: int) -> SpeedSample:
     """Greedy generation of gen_tokens per prompt; decode time excludes prompt processing."""
-    from edgespec.engine import Engine, GenerationConfig
-
     engine = Engine(target, drafter, gamma if drafter is not None else 0)
     cfg = GenerationConfig(max_tokens=gen_tokens, stop_at_eog=False)
     s = SpeedSample()
@@ -253,23 +274,18 @@ def build_report(
     show_progress: bool = True,
 ) -> dict:
     """Measure everything in the module docstring; returns the JSON-ready report."""
-    from edgespec.drafters.model import ModelDrafter
-    from edgespec.drafters.ngram import NgramDrafter
-
     labels = list(labels) if labels else [Path(c).stem for c in candidates]
     if len(labels) != len(candidates):
         raise EdgeSpecError(f"{len(labels)} labels for {len(candidates)} candidates")
     n_ctx = max(max_prompt_tokens + gen_tokens + 16, ppl_tokens + 16)
     open_gguf(reference)
-    reps = [CandidateReport(summarize_file(c, lab)) for c, lab in zip(candidates, labels)]
+    reps = [CandidateReport(summarize_file(c, lab)) for c, lab in zip(candidates, labels, strict=True)]
 
     log("weights: relative RMSE per tensor")
-    for rep, c in zip(tqdm(reps, desc="weights", disable=not show_progress, leave=False), candidates):
-        per = tensor_rmse(reference, c)
+    matrices = {t.name for t in open_gguf(reference).tensors if len(t.shape) >= 2}
+    for rep, per in zip(reps, tensor_rmse(reference, candidates), strict=True):
         rep.rel_rmse_all = per.pop("__all__")
-        vals = sorted(per.items(), key=lambda kv: kv[1])
-        rep.rel_rmse_median = float(statistics.median(v for _, v in vals)) if vals else 0.0
-        rep.rel_rmse_max_tensor, rep.rel_rmse_max = vals[-1] if vals else ("", 0.0)
+        rep.rel_rmse_median, rep.rel_rmse_max_tensor, rep.rel_rmse_max = matrix_rmse_summary(per, matrices)
         rep.per_tensor_rmse = dict(per)
 
     def load(path: str | Path) -> Model:
@@ -285,7 +301,7 @@ def build_report(
 
     log("distributions: KL, top-1 agreement, alpha, perplexity")
     ref_ppl = perplexity(ref, text_toks)
-    for rep, m in zip(tqdm(reps, desc="logits", disable=not show_progress, leave=False), models):
+    for rep, m in zip(tqdm(reps, desc="logits", disable=not show_progress, leave=False), models, strict=True):
         st = compare_distributions(ref, m, prompt_toks)
         rep.kl, rep.top1, rep.alpha, rep.positions = st.kl, st.top1, st.alpha, st.positions
         rep.perplexity = perplexity(m, text_toks)
@@ -358,7 +374,7 @@ def to_markdown(report: dict, title: str | None = None) -> str:
         f"{ref['bits_per_weight']:.2f} bits/weight), perplexity {ref['perplexity']:.3f}, "
         f"plain decode {ref['decode_tps']:.1f} tok/s (the 1.00x of the speed columns).",
         "",
-        "| model | format | MB | bits/w true (file) | rel. RMSE all (max tensor) | KL nats | top-1 agree | "
+        "| model | format | MB | bits/w true (file) | rel. RMSE all / median / max tensor | KL nats | top-1 agree | "
         "alpha as draft | PPL | decode x ref | n-gram acc. | n-gram x ref | as draft: acc. | as draft x ref |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -367,7 +383,8 @@ def to_markdown(report: dict, title: str | None = None) -> str:
         fmt = sm["format"] + (" (emulated)" if sm["emulated"] else "")
         lines.append(
             f"| {sm['label']} | {fmt} | {sm['file_mb']:.1f} | {sm['bits_per_weight']:.2f} ({sm['file_bits_per_weight']:.2f}) | "
-            f"{c['rel_rmse_all']:.4f} ({c['rel_rmse_max']:.4f}) | {c['kl']:.4f} | {c['top1']:.3f} | {c['alpha']:.3f} | "
+            f"{c['rel_rmse_all']:.4f} / {c['rel_rmse_median']:.4f} / {c['rel_rmse_max']:.4f} | {c['kl']:.4f} | "
+            f"{c['top1']:.3f} | {c['alpha']:.3f} | "
             f"{c['perplexity']:.3f} | {c['decode_ratio']:.2f}x | {c['ngram_acceptance']:.2f} | {c['ngram_ratio']:.2f}x | "
             f"{c['draft_acceptance']:.2f} | {c['draft_ratio']:.2f}x |"
         )
@@ -377,6 +394,8 @@ def to_markdown(report: dict, title: str | None = None) -> str:
         f"speed: {s['repeats']} interleaved rounds x {s['speed_prompts']} prompts x {s['gen_tokens']} greedy tokens, "
         f"median tok/s, {s['threads']} threads, gamma {s['gamma']} for n-gram and draft-model runs; {s['date_utc']} UTC.",
         "",
+        "- *rel. RMSE*: ||W_model - W_ref|| / ||W_ref|| over all weights together (dominated by the largest-norm "
+        "tensors), the median over the 2-D tensors, and the worst tensor.",
         "- *bits/w true*: MX element bits + 8/32 for the shared E8M0 scale on MX tensors (an emulated file "
         "counts its MX bits, not its F16 container); *file*: file size x 8 / weights.",
         "- *KL*: mean KL(p_ref || p_model) of next-token distributions; *top-1 agree* = greedy acceptance "
@@ -389,23 +408,20 @@ def to_markdown(report: dict, title: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(report: dict, path: str | Path) -> None:
-    """Two panels: KL vs true bits/weight, and speed ratios per model."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def _draw(report: dict, a1, a2) -> None:
+    """KL vs true bits/weight on a1; speed ratios per model on a2."""
     cands = report["candidates"]
     names = [c["summary"]["label"] for c in cands]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8), dpi=80)
-    for c, n in zip(cands, names):
-        kl = max(c["kl"], 1e-6)
+    for c, n in zip(cands, names, strict=True):
+        kl = c["kl"]
+        if kl <= 0:
+            continue  # the reference itself (KL 0) has no place on a log axis
         a1.scatter(c["summary"]["bits_per_weight"], kl)
         a1.annotate(n, (c["summary"]["bits_per_weight"], kl), fontsize=7, xytext=(3, 3), textcoords="offset points")
     a1.set_yscale("log")
     a1.set_xlabel("bits per weight (true)")
     a1.set_ylabel("KL vs reference (nats, log)")
+    a1.set_title(report["reference"]["label"], fontsize=8)
     a1.grid(alpha=0.3)
     x = np.arange(len(cands))
     w = 0.27
@@ -417,7 +433,21 @@ def plot(report: dict, path: str | Path) -> None:
     a2.set_ylabel("tok/s vs reference plain decode")
     a2.legend(fontsize=7)
     a2.grid(alpha=0.3, axis="y")
-    fig.suptitle(report["reference"]["label"], fontsize=9)
+
+
+def plot(reports: dict | Sequence[dict], path: str | Path, titles: Sequence[str] | None = None) -> None:
+    """One row of two panels per report: KL vs true bits/weight, and speed ratios per model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    reports = [reports] if isinstance(reports, dict) else list(reports)
+    fig, axes = plt.subplots(len(reports), 2, figsize=(10, 3.8 * len(reports)), dpi=80, squeeze=False)
+    for i, rep in enumerate(reports):
+        _draw(rep, *axes[i])
+        if titles:
+            axes[i][0].set_title(titles[i], fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -431,7 +461,7 @@ def write_outputs(report: dict, stem: str | Path, title: str | None = None) -> t
     md, js, png = stem.with_suffix(".md"), stem.with_suffix(".json"), stem.with_suffix(".png")
     md.write_text(to_markdown(report, title), encoding="utf-8")
     js.write_text(json.dumps(report, indent=1), encoding="utf-8")
-    plot(report, png)
+    plot(report, png, [title] if title else None)
     return md, js, png
 
 

@@ -96,19 +96,38 @@ def test_mxfp4_plugs_into_app_as_draft(mxfp4: Path, f16: Path) -> None:
     assert '"drafted"' in proc.stdout
 
 
-def test_emulated_mxfp6_records_metadata_and_values(work: Path, f16: Path) -> None:
-    out = work / "smol-mxfp6.gguf"
-    res = convert(f16, out, "mxfp6-e2m3", progress=False)
+def test_emulated_mx_records_metadata_and_values(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    w = (rng.standard_normal((96, 128)) * 0.02).astype(np.float16)
+    src = tiny_gguf(tmp_path / "in.gguf", {
+        "token_embd.weight": (rng.standard_normal((8, 128)).astype(np.float16), None),
+        "blk.0.ffn_gate.weight": (w, None),
+        "blk.0.ffn_norm.weight": (np.ones(128, np.float32), None),
+    })
+    out = tmp_path / "out.gguf"
+    res = convert(src, out, "mxfp6-e2m3", progress=False)
     assert res.emulated and "EMULATED" in res.summary()
-    assert res.type_counts() == {"F16 (mxfp6-e2m3 emulated)": 210, "F32": 61, "Q8_0": 1}
+    assert res.type_counts() == {"F16 (mxfp6-e2m3 emulated)": 1, "F32": 1, "Q8_0": 1}
     r = gguf.GGUFReader(out)
     assert r.get_field("edgespec.quant.emulated").contents() is True
+    assert r.get_field("edgespec.quant.format").contents() == "mxfp6-e2m3"
     assert r.get_field("edgespec.quant.mx_bits_per_weight").contents() == pytest.approx(6.25)
-    # True bits count MX bits for the 210 matrices, not the 16-bit container.
-    assert 6.25 < res.bits_per_weight < 7.0 < res.file_bits_per_weight
-    name = "blk.2.ffn_gate.weight"
-    src = tensor_float(tensors(f16)[name])
-    np.testing.assert_array_equal(tensor_float(tensors(out)[name]), mx.quantize_dequantize(src, "mxfp6-e2m3"))
+    assert r.get_field("general.name").contents() == "tiny"
+    # True bits count MX bits for the matrix, not its 16-bit container.
+    want_bits = (96 * 128 * 6.25 + 8 * 128 * 8.5 + 128 * 32) / (96 * 128 + 8 * 128 + 128)
+    assert res.bits_per_weight == pytest.approx(want_bits) and res.file_bits_per_weight > 15 > 2 * res.bits_per_weight
+    got = tensor_float(tensors(out)["blk.0.ffn_gate.weight"])
+    np.testing.assert_array_equal(got, mx.quantize_dequantize(w.astype(np.float32), "mxfp6-e2m3"))
+    # An MXFP8-E5M2 value F16 cannot hold (1.75 * 2^-24 beside 1.0 in a block): the container widens
+    # to BF16 and the values stay exact.
+    w32 = w.astype(np.float32)
+    w32[0, :2] = [1.0, 1.75 * 2.0**-24]
+    src32 = tiny_gguf(tmp_path / "in32.gguf", {"blk.0.ffn_gate.weight": (w32, None)})
+    res8 = convert(src32, tmp_path / "e5m2.gguf", "mxfp8-e5m2", progress=False)
+    assert [(c.output_type, c.bits_per_weight) for c in res8.tensors] == [("BF16", 8.25)]
+    got8 = tensor_float(tensors(tmp_path / "e5m2.gguf")["blk.0.ffn_gate.weight"])
+    np.testing.assert_array_equal(got8, mx.quantize_dequantize(w32, "mxfp8-e5m2"))
+    assert got8[0, 1] == np.float32(1.75 * 2.0**-24)
 
 
 def test_quantized_input_is_dequantized_before_llama_quantize(work: Path, smollm2_path: Path) -> None:
@@ -141,22 +160,33 @@ def test_unknown_format_and_same_path(smollm2_path: Path, tmp_path: Path) -> Non
         convert(smollm2_path, link, "mxfp4")
 
 
-def test_unsupported_tensor_type(tmp_path: Path) -> None:
-    src = tmp_path / "q8k.gguf"
-    w = gguf.GGUFWriter(src, "llama")
-    block_bytes = gguf.GGML_QUANT_SIZES[Q.Q8_K][1]
-    w.add_tensor("blk.0.attn_q.weight", np.zeros((2, block_bytes), dtype=np.uint8), raw_dtype=Q.Q8_K)
+def tiny_gguf(path: Path, tensors: dict[str, tuple[np.ndarray, Q | None]]) -> Path:
+    """A small GGUF with the given tensors (not a runnable model: the converter only reads tensors)."""
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_string("general.name", "tiny")
+    for name, (data, raw) in tensors.items():
+        w.add_tensor(name, data, raw_dtype=raw)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return path
+
+
+def test_unsupported_tensor_type(tmp_path: Path) -> None:
+    block_bytes = gguf.GGML_QUANT_SIZES[Q.Q8_K][1]
+    src = tiny_gguf(tmp_path / "q8k.gguf",
+                    {"blk.0.attn_q.weight": (np.zeros((2, block_bytes), dtype=np.uint8), Q.Q8_K)})
     with pytest.raises(EdgeSpecError, match="unsupported tensor type Q8_K .*blk.0.attn_q.weight"):
         convert(src, tmp_path / "out.gguf", "mxfp4")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["q8k.gguf"]
 
 
-def test_disk_full_leaves_no_output_and_input_untouched(f16: Path, tmp_path: Path, monkeypatch) -> None:
-    before = sha(f16)
+def test_disk_full_leaves_no_output_and_input_untouched(tmp_path: Path, monkeypatch) -> None:
+    w = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float16)
+    src = tiny_gguf(tmp_path / "in.gguf", {"blk.0.ffn_up.weight": (w, None),
+                                            "blk.0.ffn_norm.weight": (np.ones(256, np.float32), None)})
+    before = sha(src)
 
     def full_disk(self, *, progress: bool = False) -> None:
         self.fout[0].write(b"\0" * 4096)  # part of the data reaches the disk, then it is full
@@ -165,9 +195,12 @@ def test_disk_full_leaves_no_output_and_input_untouched(f16: Path, tmp_path: Pat
     monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", full_disk)
     out = tmp_path / "out.gguf"
     with pytest.raises(EdgeSpecError, match=r"could not write .*out.gguf: No space left on device"):
-        convert(f16, out, "mxfp6-e3m2", progress=False)
-    assert list(tmp_path.iterdir()) == []
-    assert sha(f16) == before
+        convert(src, out, "mxfp6-e3m2", progress=False)
+    assert [p.name for p in tmp_path.iterdir()] == ["in.gguf"]
+    assert sha(src) == before
+    monkeypatch.undo()
+    res = convert(src, out, "mxfp6-e3m2", progress=False)  # the same conversion succeeds on a healthy disk
+    assert res.type_counts() == {"F16 (mxfp6-e3m2 emulated)": 1, "F32": 1} and out.is_file()
 
 
 def test_cli_errors_are_one_line(tmp_path: Path, smollm2_path: Path) -> None:
