@@ -240,6 +240,8 @@ def bench_prompt(runner: Runner, pr: Prompt, tokens: list[int], stop: threading.
             accepted = sum(r.stats["accepted"] for r in rs)
             calls = sum(r.stats["target_calls"] for r in rs)
             entry.update(
+                drafted=drafted,  # summed over repeats, like accepted
+                accepted=accepted,
                 acceptance_rate=accepted / drafted if drafted else None,
                 mean_accepted=accepted / calls if calls else None,
                 target_calls=rep.stats["target_calls"],
@@ -355,6 +357,11 @@ def run_bench(
         meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         meta["prompts_done"] = len(done)
         results["categories"] = aggregate(done, names)
+        if done:
+            # T(1) should be close to the baseline's seconds per token; far above it means the cost
+            # measurement hit a burst of machine load, and predicted speedups are not to be trusted.
+            base_s = 1.0 / results["categories"]["overall"][BASELINE]["tokens_per_s"]
+            meta["verify_cost_suspect"] = runner.costs[1] > 2.0 * base_s
         write_outputs(results, out, runner.costs, plots=final)
 
     try:

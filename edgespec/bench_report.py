@@ -44,6 +44,12 @@ def report_markdown(res: dict) -> str:
         "(category rate = total tokens / total decode seconds). llama-cpp-python rows: its plain "
         "`Llama` and its `LlamaPromptLookupDecoding`; 'own' = over its own plain run.",
         "",
+        *(
+            ["**Warning:** T(1) measured at the start is over twice the baseline's seconds per token (a "
+             "burst of machine load during the cost measurement): predicted speedups are unreliable.", ""]
+            if meta.get("verify_cost_suspect")
+            else []
+        ),
         "## Speedup per category",
         "",
         "| configuration | " + " | ".join(order) + " |",
