@@ -45,21 +45,24 @@ class AutoGamma:
     def __init__(
         self,
         gamma_max: int = 16,
-        halflife_steps: float = 8.0,
+        halflife_tokens: float = 16.0,
         probe_every: int = 8,
         probe_gamma: int = 2,
         margin: float = 1.03,
     ) -> None:
         self.gamma_max = gamma_max
-        self.decay = 0.5 ** (1.0 / halflife_steps)
+        self.decay = 0.5 ** (1.0 / halflife_tokens)
         self.cost_decay = 0.5 ** (1.0 / 256)  # pass costs are a machine property: forget slowly
         self.probe_every = probe_every
         self.probe_gamma = probe_gamma
         self.margin = margin  # predicted speedup must beat plain decoding by this factor
         # Acceptance as a geometric process: successes = accepted drafts, trials = accepted +
-        # rejections; alpha_hat = successes / trials (MLE), with a weak optimistic prior.
-        self._succ = 1.0
-        self._trials = 2.0
+        # rejections; alpha_hat = successes / trials (MLE), with a weak prior of 0.5. Drafts come in
+        # runs (a model copying its input accepts whole drafts, then stops copying), so alpha is
+        # kept separately for steps after a fully accepted draft and after a rejection.
+        self._succ = np.array([1.0, 1.0])
+        self._trials = np.array([2.0, 2.0])
+        self._state = 0  # 1 if the last draft was accepted in full
         self._t_sum = np.zeros(gamma_max + 2)  # decayed sums of pass seconds per row count K
         self._t_n = np.zeros(gamma_max + 2)
         self._draft_s = 0.0
@@ -76,28 +79,40 @@ class AutoGamma:
     # ------------------------------------------------------------------ estimates
     @property
     def alpha(self) -> float:
-        return self._succ / self._trials
+        """Acceptance rate expected for the next draft (given how the last one went)."""
+        return float(self._succ[self._state] / self._trials[self._state])
 
-    def cost(self, rows: int) -> float | None:
-        """Mean seconds of a target pass over `rows` rows, interpolated from measured row counts."""
+    @property
+    def alpha_overall(self) -> float:
+        return float(self._succ.sum() / self._trials.sum())
+
+    def _costs(self) -> np.ndarray | None:
+        """Seconds of a target pass for 0..gamma_max+1 rows: measured means, linear in between,
+        extended beyond the largest measured count along the last segment's slope."""
         seen = np.flatnonzero(self._t_n > 0.05)
         if seen.size == 0:
             return None
         means = self._t_sum[seen] / self._t_n[seen]
-        if rows in seen:
-            return float(self._t_sum[rows] / self._t_n[rows])
+        rows = np.arange(self.gamma_max + 2)
         if seen.size == 1:
             # One measurement: assume cost grows linearly with rows (the compute-bound worst case).
-            return float(means[0] * rows / seen[0])
-        # Linear fit through the measured points, extrapolated at worst-case slope beyond them.
-        slope, icpt = np.polyfit(seen, means, 1)
-        return float(max(icpt + slope * rows, means.min()))
+            return means[0] * np.maximum(rows, 1) / seen[0]
+        table = np.interp(rows, seen, means)
+        slope = (means[-1] - means[-2]) / (seen[-1] - seen[-2])
+        beyond = rows > seen[-1]
+        table[beyond] = means[-1] + max(slope, 0.0) * (rows[beyond] - seen[-1])
+        return table
+
+    def cost(self, rows: int) -> float | None:
+        """Mean seconds of a target pass over `rows` rows (None before anything was measured)."""
+        table = self._costs()
+        return None if table is None else float(table[min(rows, self.gamma_max + 1)])
 
     def t_ratio(self, rows: int) -> float:
-        t1, tk = self.cost(1), self.cost(rows)
-        if t1 is None or tk is None:
+        table = self._costs()
+        if table is None:
             return float(rows)
-        return tk / t1
+        return float(table[min(rows, self.gamma_max + 1)] / table[1])
 
     @property
     def c(self) -> float:
@@ -123,10 +138,11 @@ class AutoGamma:
 
     # ------------------------------------------------------------------ policy
     def choose(self) -> int:
-        if self.cost(1) is None:
+        table = self._costs()
+        if table is None:
             g = 0  # measure T(1) first
         else:
-            g, s = best_gamma(self.alpha, self.c, self.t_ratio, self.gamma_max)
+            g, s = best_gamma(self.alpha, self.c, lambda k: table[k] / table[1], self.gamma_max)
             self.last_predicted = s
             if s < self.margin:
                 g = 0
@@ -151,11 +167,16 @@ class AutoGamma:
             self._probe_interval = self.probe_every if full else min(2 * self._probe_interval, 128)
         self._probing = False
         if k > 0:
-            d = self.decay
-            self._succ = d * self._succ + n_accepted
-            self._trials = d * self._trials + n_accepted + (1 if n_accepted < k else 0)
-            self._draft_s = d * self._draft_s + draft_s
-            self._draft_n = d * self._draft_n + k
+            # Forget per draft token, not per step, so a run of long accepted drafts does not
+            # outweigh the next few rejections.
+            trials = n_accepted + (1 if n_accepted < k else 0)
+            d = self.decay**trials
+            st = self._state
+            self._succ[st] = d * self._succ[st] + n_accepted
+            self._trials[st] = d * self._trials[st] + trials
+            self._draft_s = self.decay * self._draft_s + draft_s
+            self._draft_n = self.decay * self._draft_n + k
+            self._state = int(n_accepted == k)
             self._since_draft = 0
         else:
             self._since_draft += 1
@@ -166,7 +187,7 @@ class AutoGamma:
             return None
         return (
             f"gamma auto: plain decoding on {self._steps_plain} of {self._steps} steps; no draft length was "
-            f"predicted to beat it (alpha {self.alpha:.2f}, T(2)/T(1) {self.t_ratio(2):.2f})"
+            f"predicted to beat it (alpha {self.alpha_overall:.2f}, T(2)/T(1) {self.t_ratio(2):.2f})"
         )
 
     def snapshot(self) -> dict:
@@ -174,7 +195,7 @@ class AutoGamma:
             "steps": self._steps,
             "plain_steps": self._steps_plain,
             "fallback": self.fallback_note(),
-            "alpha": self.alpha,
+            "alpha": self.alpha_overall,
             "c": self.c,
             "gamma": self.last_choice,
             "predicted_speedup": self.last_predicted,

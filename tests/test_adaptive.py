@@ -28,20 +28,21 @@ def feed(policy: AutoGamma, steps: int, alpha_hits: float, cost) -> list[int]:
 def test_compute_bound_target_with_poor_drafts_stays_plain():
     policy = AutoGamma()
     chosen = feed(policy, 200, 0.3, lambda rows: 0.01 * rows)
-    assert policy.alpha < 0.5
+    assert policy.alpha_overall < 0.5
     assert sum(k == 0 for k in chosen[-100:]) >= 80  # only occasional probes
 
 
 def test_cheap_verification_and_good_drafts_speculate_long():
     policy = AutoGamma()
     chosen = feed(policy, 200, 0.95, lambda rows: 0.01 * (1 + 0.03 * (rows - 1)))
-    assert policy.alpha > 0.8
+    assert policy.alpha_overall > 0.8
     assert min(chosen[-50:]) >= 6
 
 
 def test_adapts_when_the_text_changes():
     policy = AutoGamma()
-    feed(policy, 100, 0.97, lambda rows: 0.01 * (1 + 0.05 * (rows - 1)))
+    cost = lambda rows: 0.01 * (1 + 0.2 * (rows - 1))  # noqa: E731
+    feed(policy, 100, 0.97, cost)
     assert policy.choose() > 4
-    chosen = feed(policy, 100, 0.05, lambda rows: 0.01 * (1 + 0.05 * (rows - 1)))
-    assert sum(k == 0 for k in chosen[-40:]) >= 30
+    chosen = feed(policy, 100, 0.05, cost)
+    assert sum(k == 0 for k in chosen[-60:]) >= 50
