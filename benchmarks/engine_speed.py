@@ -41,7 +41,7 @@ SPEC_BENCH = ROOT.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
 def encode(model: runtime.Model, text: str) -> list[int]:
     if model.chat_template():
         return model.tokenize(model.apply_chat_template([{"role": "user", "content": text}]), parse_special=True)
-    return model.tokenize(text + "\n\n")
+    return model.tokenize(f"Question: {text}\nAnswer:")  # base models: the bench's `qa` framing
 
 
 def bare_loop(model: runtime.Model, prompt: list[int], n: int) -> float:
@@ -69,7 +69,7 @@ def speed(model: runtime.Model, prompts: list[str], max_tokens: int, repeats: in
         "baseline": lambda: Engine(model, None),
         "ngram gamma=auto": lambda: Engine(model, NgramDrafter(1, 4), AutoGamma()),
         "ngram gamma=4": lambda: Engine(model, NgramDrafter(1, 4), 4),
-        "ngram gamma=12": lambda: Engine(model, NgramDrafter(1, 4), 12),
+        "ngram gamma=16": lambda: Engine(model, NgramDrafter(1, 4), 16),
     }
     rows = []
     for text in prompts:

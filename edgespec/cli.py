@@ -84,8 +84,10 @@ def read_prompt(args: argparse.Namespace) -> str:
         raise EdgeSpecError("give --prompt or --prompt-file, not both")
     if args.prompt_file is not None:
         p = Path(args.prompt_file)
-        if not p.is_file():
+        if not p.exists():
             raise EdgeSpecError(f"prompt file not found: {p}")
+        if p.is_dir():
+            raise EdgeSpecError(f"prompt file is a directory: {p}")
         try:
             text = p.read_text(encoding="utf-8")
         except UnicodeDecodeError:
