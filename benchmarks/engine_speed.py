@@ -32,7 +32,7 @@ from edgespec.adaptive import AutoGamma  # noqa: E402
 from edgespec.drafters.ngram import NgramDrafter  # noqa: E402
 from edgespec.engine import Engine, GenerationConfig, collect  # noqa: E402
 from edgespec.exactness import explain_divergence  # noqa: E402
-from edgespec.factory import RuntimeOptions, load_model  # noqa: E402
+from edgespec.factory import RuntimeOptions, load_model, prepare_runtime  # noqa: E402
 
 CODE_EDIT = ROOT / "benchmarks" / "suites" / "code_edit.jsonl"
 SPEC_BENCH = ROOT.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
@@ -136,6 +136,7 @@ def main() -> int:
     questions = spec_bench_subset(1 if args.quick else 2)
     max_tokens, repeats = (64, 1) if args.quick else (160, 3)
     mode = "exact" if args.exact else "fast"
+    prepare_runtime(opts)  # the library must be chosen before anything loads llama_cpp
     report = {"mode": mode, "system_info": runtime.system_info(), "models": {}}
     for name in ("gemma3-270m", "smollm2-135m"):
         model = load_model(name, opts)
