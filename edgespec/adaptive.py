@@ -146,13 +146,22 @@ class AutoGamma:
             self.last_predicted = s
             if s < self.margin:
                 g = 0
-            if g == 0 and self._since_draft >= self._probe_interval:
+            if g == 0 and self._since_draft >= self._probe_interval and self._could_pay(table):
                 g = self.probe_gamma
                 self._probing = True
         self.last_choice = g
         self._steps += 1
         self._steps_plain += g == 0
         return g
+
+    def _could_pay(self, table: np.ndarray) -> bool:
+        """Viability (the paper's alpha > c, with verification cost): would speculation pay even
+        if nearly every draft were accepted? If not, probing for alpha only costs time. Unknown
+        batch costs (only one row count measured) are worth a probe."""
+        if np.count_nonzero(self._t_n > 0.05) < 2:
+            return True
+        _, s = best_gamma(0.95, self.c, lambda k: table[k] / table[1], self.gamma_max)
+        return s >= self.margin
 
     def observe(self, k: int, n_accepted: int, rows: int, target_s: float, draft_s: float) -> None:
         if rows <= self.gamma_max + 1:

@@ -46,3 +46,15 @@ def test_adapts_when_the_text_changes():
     assert policy.choose() > 4
     chosen = feed(policy, 100, 0.05, cost)
     assert sum(k == 0 for k in chosen[-60:]) >= 50
+
+
+def test_a_draft_that_costs_as_much_as_the_target_is_not_used():
+    """c close to 1 (a same-size draft): even perfect acceptance cannot pay, so after the first
+    measurement no more drafts (not even probes) are sent."""
+    policy = AutoGamma()
+    chosen = []
+    for _ in range(200):
+        k = policy.choose()
+        chosen.append(k)
+        policy.observe(k, k, k + 1, 0.01 * (1 + 0.3 * k), 0.009 * k)
+    assert sum(chosen[-150:]) == 0
