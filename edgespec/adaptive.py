@@ -48,7 +48,7 @@ class AutoGamma:
         halflife_tokens: float = 16.0,
         probe_every: int = 8,
         probe_gamma: int = 2,
-        margin: float = 1.03,
+        margin: float = 1.10,
     ) -> None:
         self.gamma_max = gamma_max
         self.decay = 0.5 ** (1.0 / halflife_tokens)

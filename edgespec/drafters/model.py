@@ -53,8 +53,13 @@ class ModelDrafter:
         self._sampling = sampling
         seed = None if sampling.seed is None else [sampling.seed, 0x5EED]
         self._rng = np.random.default_rng(seed)
+        # The draft reads the prompt now, as part of prompt processing (like the target's prefill),
+        # not inside the first drafting step.
         self.draft.reset()
-        self._cached, self._committed = [], 0
+        head = [int(t) for t in prompt[:-1]]
+        if head:
+            self.draft.decode(head, n_logits=0)
+        self._cached, self._committed = head, len(head)
 
     def _sync(self, context: Sequence[int]) -> None:
         """Keep the longest cached prefix that matches `context`, leaving its last token uncached."""
