@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgespec import runtime
+from edgespec.adaptive import AutoGamma
 from edgespec.drafters import Drafter
+from edgespec.drafters.model import ModelDrafter
 from edgespec.drafters.ngram import NgramDrafter
 from edgespec.engine import FixedGamma, GammaPolicy
 from edgespec.errors import EdgeSpecError
@@ -83,20 +85,12 @@ def make_drafter(spec: str, target: Model, opts: RuntimeOptions, ngram: tuple[in
         return None
     if spec == "ngram":
         return NgramDrafter(*ngram)
-    try:
-        from edgespec.drafters.model import ModelDrafter
-    except ImportError:
-        raise EdgeSpecError(f"draft models are not supported yet (asked for {spec!r}); use --draft ngram") from None
     return ModelDrafter.load(spec, target, opts)
 
 
 def parse_gamma(value: str | int) -> int | GammaPolicy:
     text = str(value).strip().lower()
     if text == "auto":
-        try:
-            from edgespec.adaptive import AutoGamma
-        except ImportError:
-            raise EdgeSpecError("--gamma auto is not available yet; give a number") from None
         return AutoGamma()
     try:
         g = int(text)
