@@ -2,41 +2,25 @@
 
     S(gamma) = (1 - alpha^(gamma+1)) / ((1 - alpha) (gamma c + T(gamma+1)/T(1)))
 
-from quantities measured while generating on this machine:
-  alpha   acceptance rate of draft tokens (recent steps weigh more),
+  alpha   acceptance rate of draft tokens, measured while generating (recent drafts weigh more),
   T(K)    seconds for a target pass over K rows (so T(K)/T(1) is the verification cost),
   c       seconds to draft one token relative to T(1).
-gamma = 0 (plain decoding) is chosen whenever no gamma is predicted to beat it. Because alpha is
-only observed while drafting, a short probe draft is sent now and then so a change in the text
-(e.g. the model starts copying its input) is noticed.
+T(K) and c come from the machine's stored cost profile (`edgespec.profile`), not from live
+timings: the choices then depend only on the tokens, so a seeded or greedy run gives the same
+text every time. gamma = 0 (plain decoding) is chosen whenever no gamma is predicted to beat it by
+`margin`. Because alpha is only observed while drafting, a short probe draft is sent now and then
+so a change in the text (e.g. the model starts copying its input) is noticed.
 """
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
+from edgespec.profile import measure_pass_costs, pass_costs
 from edgespec.runtime import Model
 from edgespec.theory import best_gamma
 
-
-def measure_pass_costs(model: Model, rows: list[int], repeats: int = 3) -> dict[int, float]:
-    """Median seconds of one target pass over K rows (logits on every row), for K in `rows`.
-
-    Decodes filler tokens from position 0 and clears the cache afterwards. Row counts are
-    interleaved across repeats so that machine noise hits them alike.
-    """
-    filler = model.tokenize(" the quick brown fox jumps over the lazy dog" * 8, add_special=False)
-    times: dict[int, list[float]] = {k: [] for k in rows}
-    for _ in range(repeats + 1):  # the first round warms caches and is discarded
-        for k in rows:
-            model.reset()
-            t = time.perf_counter()
-            model.decode(filler[:k], n_logits=k)
-            times[k].append(time.perf_counter() - t)
-    model.reset()
-    return {k: float(np.median(v[1:])) for k, v in times.items()}
+__all__ = ["AutoGamma", "measure_pass_costs"]
 
 
 class AutoGamma:
@@ -49,13 +33,22 @@ class AutoGamma:
         probe_every: int = 8,
         probe_gamma: int = 2,
         margin: float = 1.10,
+        costs: dict[int, float] | None = None,
+        c: float = 0.0,
     ) -> None:
         self.gamma_max = gamma_max
         self.decay = 0.5 ** (1.0 / halflife_tokens)
-        self.cost_decay = 0.5 ** (1.0 / 256)  # pass costs are a machine property: forget slowly
         self.probe_every = probe_every
         self.probe_gamma = probe_gamma
         self.margin = margin  # predicted speedup must beat plain decoding by this factor
+        self._table: np.ndarray | None = None  # T(K) for K = 0..gamma_max+1
+        self._c = 0.0
+        if costs:
+            self.set_costs(costs, c)
+        self.start()
+
+    def start(self) -> None:
+        """A new generation: forget acceptance (the previous text says little about the next)."""
         # Acceptance as a geometric process: successes = accepted drafts, trials = accepted +
         # rejections; alpha_hat = successes / trials (MLE), with a weak prior of 0.5. Drafts come in
         # runs (a model copying its input accepts whole drafts, then stops copying), so alpha is
@@ -63,17 +56,12 @@ class AutoGamma:
         self._succ = np.array([1.0, 1.0])
         self._trials = np.array([2.0, 2.0])
         self._state = 0  # 1 if the last draft was accepted in full
-        self._t_sum = np.zeros(gamma_max + 2)  # decayed sums of pass seconds per row count K
-        self._t_n = np.zeros(gamma_max + 2)
-        self._draft_s = 0.0
-        self._draft_n = 0.0
         self._since_draft = 0
         self.last_choice = 0
         self.last_predicted = 1.0
-        self._calibrated_for: Model | None = None
         self._steps = 0
         self._steps_plain = 0
-        self._probe_interval = probe_every
+        self._probe_interval = self.probe_every
         self._probing = False
 
     # ------------------------------------------------------------------ estimates
@@ -86,61 +74,49 @@ class AutoGamma:
     def alpha_overall(self) -> float:
         return float(self._succ.sum() / self._trials.sum())
 
-    def _costs(self) -> np.ndarray | None:
-        """Seconds of a target pass for 0..gamma_max+1 rows: measured means, linear in between,
-        extended beyond the largest measured count along the last segment's slope."""
-        seen = np.flatnonzero(self._t_n > 0.05)
-        if seen.size == 0:
-            return None
-        means = self._t_sum[seen] / self._t_n[seen]
+    def set_costs(self, costs: dict[int, float], c: float = 0.0) -> None:
+        """T(K) for some row counts (must include K = 1), linear in between and extended beyond
+        the largest along the last segment's slope; c = draft seconds per token / T(1)."""
+        ks = np.array(sorted(costs))
+        ts = np.array([costs[k] for k in ks])
         rows = np.arange(self.gamma_max + 2)
-        if seen.size == 1:
-            # One measurement: assume cost grows linearly with rows (the compute-bound worst case).
-            return means[0] * np.maximum(rows, 1) / seen[0]
-        table = np.interp(rows, seen, means)
-        slope = (means[-1] - means[-2]) / (seen[-1] - seen[-2])
-        beyond = rows > seen[-1]
-        table[beyond] = means[-1] + max(slope, 0.0) * (rows[beyond] - seen[-1])
-        return table
+        if ks.size == 1:
+            table = ts[0] * np.maximum(rows, 1) / ks[0]  # cost linear in rows: the worst case
+        else:
+            table = np.interp(rows, ks, ts)
+            slope = max((ts[-1] - ts[-2]) / (ks[-1] - ks[-2]), 0.0)
+            beyond = rows > ks[-1]
+            table[beyond] = ts[-1] + slope * (rows[beyond] - ks[-1])
+        self._table = table
+        self._c = float(c)
 
     def cost(self, rows: int) -> float | None:
-        """Mean seconds of a target pass over `rows` rows (None before anything was measured)."""
-        table = self._costs()
-        return None if table is None else float(table[min(rows, self.gamma_max + 1)])
+        """Seconds of a target pass over `rows` rows (None before costs are known)."""
+        return None if self._table is None else float(self._table[min(rows, self.gamma_max + 1)])
 
     def t_ratio(self, rows: int) -> float:
-        table = self._costs()
-        if table is None:
+        if self._table is None:
             return float(rows)
-        return float(table[min(rows, self.gamma_max + 1)] / table[1])
+        return float(self._table[min(rows, self.gamma_max + 1)] / self._table[1])
 
     @property
     def c(self) -> float:
-        t1 = self.cost(1)
-        if not self._draft_n or not t1:
-            return 0.0
-        return (self._draft_s / self._draft_n) / t1
+        return self._c
 
-    def calibrate(self, model: Model) -> None:
-        """Seed T(K) with a few timed passes on `model` (once per loaded model; cached on it)."""
-        if self._calibrated_for is model:
-            return
-        self._calibrated_for = model
-        costs = getattr(model, "_pass_costs", None)
-        if costs is None:
-            rows = sorted({1, 2, 3, 5, 9, self.gamma_max + 1})
-            costs = measure_pass_costs(model, rows, repeats=2)
-            model._pass_costs = costs
-        for k, t in costs.items():
-            if k <= self.gamma_max + 1:
-                self._t_sum[k] += 2 * t
-                self._t_n[k] += 2
+    def calibrate(self, model: Model, drafter: object | None = None) -> None:
+        """Take T(K) for `model` (and, for a draft model, c) from the stored cost profile,
+        measuring it the first time (about a second)."""
+        rows = sorted({1, 2, 3, 5, 9, self.gamma_max + 1})
+        costs = pass_costs(model, rows)
+        draft_model = getattr(drafter, "draft", None)
+        c = pass_costs(draft_model, [1])[1] / costs[1] if isinstance(draft_model, Model) else 0.0
+        self.set_costs(costs, c)
 
     # ------------------------------------------------------------------ policy
     def choose(self) -> int:
-        table = self._costs()
+        table = self._table
         if table is None:
-            g = 0  # measure T(1) first
+            g = 0  # no costs known: plain decoding is the safe choice
         else:
             g, s = best_gamma(self.alpha, self.c, lambda k: table[k] / table[1], self.gamma_max)
             self.last_predicted = s
@@ -158,17 +134,12 @@ class AutoGamma:
         """Viability (the paper's alpha > c, with verification cost): would speculation pay even
         if nearly every draft were accepted? If not, probing for alpha only costs time. Unknown
         batch costs (only one row count measured) are worth a probe."""
-        if np.count_nonzero(self._t_n > 0.05) < 2:
-            return True
         _, s = best_gamma(0.95, self.c, lambda k: table[k] / table[1], self.gamma_max)
         return s >= self.margin
 
     def observe(self, k: int, n_accepted: int, rows: int, target_s: float, draft_s: float) -> None:
-        if rows <= self.gamma_max + 1:
-            self._t_sum *= self.cost_decay
-            self._t_n *= self.cost_decay
-            self._t_sum[rows] += target_s
-            self._t_n[rows] += 1.0
+        """Learn from one step's outcome. Its timings are not used: planning from live timings
+        would make the output depend on machine noise (module docstring)."""
         if self._probing and k > 0:
             # A probe that fails makes the next one wait twice as long (bounded cost on text that
             # never copies); one that is fully accepted resumes normal probing.
@@ -183,8 +154,6 @@ class AutoGamma:
             st = self._state
             self._succ[st] = d * self._succ[st] + n_accepted
             self._trials[st] = d * self._trials[st] + trials
-            self._draft_s = self.decay * self._draft_s + draft_s
-            self._draft_n = self.decay * self._draft_n + k
             self._state = int(n_accepted == k)
             self._since_draft = 0
         else:
@@ -208,5 +177,5 @@ class AutoGamma:
             "c": self.c,
             "gamma": self.last_choice,
             "predicted_speedup": self.last_predicted,
-            "t_ratio": {int(k): round(self.t_ratio(int(k)), 3) for k in np.flatnonzero(self._t_n > 0.05)},
+            "t_ratio": {k: round(self.t_ratio(k), 3) for k in (2, 3, 5, 9, self.gamma_max + 1)},
         }

@@ -22,7 +22,7 @@ import numpy as np
 from edgespec.drafters import Draft, Drafter
 from edgespec.errors import EdgeSpecError
 from edgespec.runtime import Model, TextStream
-from edgespec.sampling import SamplingParams, verify_greedy, verify_match, verify_stochastic
+from edgespec.sampling import Noise, SamplingParams, verify_greedy, verify_match, verify_stochastic
 
 DRAFT, TARGET, BONUS = "draft", "target", "bonus"
 
@@ -183,8 +183,11 @@ class Engine:
             )
         calibrate = getattr(self.gamma, "calibrate", None)
         if calibrate is not None and self.drafter is not None:
-            calibrate(target)  # timed passes to learn T(K) on this machine; once per model
-        rng = cfg.sampling.rng()
+            calibrate(target, self.drafter)  # the stored cost profile (measured on first use)
+        start = getattr(self.gamma, "start", None)
+        if start is not None:
+            start()
+        noise = Noise(cfg.sampling.seed)
         stats = Stats(prompt_tokens=len(prompt), target_bytes=target.info.size_bytes)
         stream = TextStream(target)
         context = [int(t) for t in prompt]
@@ -230,9 +233,10 @@ class Engine:
             if cfg.sampling.greedy:
                 n_acc, nxt = verify_greedy(logits, draft.tokens)
             elif cfg.verifier == "match":
-                n_acc, nxt = verify_match(logits, draft.tokens, cfg.sampling, rng)
+                n_acc, nxt = verify_match(logits, draft.tokens, cfg.sampling, noise.at(len(context)))
             else:
-                n_acc, nxt = verify_stochastic(logits, draft.tokens, draft.probs, cfg.sampling, rng)
+                u = noise.at(len(context))
+                n_acc, nxt = verify_stochastic(logits, draft.tokens, draft.probs, cfg.sampling, u)
             target.truncate(n_past0 + 1 + n_acc)  # keep x_last and the accepted drafts
             tv = time.perf_counter()
 

@@ -7,6 +7,7 @@ distribution a user would get by sampling the target alone with these settings.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,8 +43,34 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
-    def rng(self) -> np.random.Generator:
-        return np.random.default_rng(self.seed)
+
+# What a uniform draw is for; each (position, purpose) pair gets its own independent number.
+SAMPLE, ACCEPT, RESIDUAL, DRAFT = 0, 1, 2, 3
+
+# u(row, purpose) -> a uniform in [0, 1) for verification row `row` of the current step.
+Uniforms = Callable[[int, int], float]
+
+
+class Noise:
+    """Uniform random numbers keyed by (seed, absolute token position, purpose).
+
+    A stream that is consumed in order would make a seeded output depend on how many draws each
+    step happened to make, i.e. on the draft lengths, which gamma auto picks from measured
+    timings. Keyed draws do not: the token at position i is decided by the draws for i alone, so
+    the same seed gives the same text whatever was drafted (see `verify_stochastic`).
+    """
+
+    def __init__(self, seed: int | None) -> None:
+        self.seed = int(np.random.SeedSequence().entropy) if seed is None else int(seed)
+
+    def uniform(self, pos: int, purpose: int) -> float:
+        key = [self.seed % 2**64, pos, purpose]
+        hi, lo = np.random.SeedSequence(key).generate_state(2, np.uint32)
+        return ((int(hi) >> 5) * 67108864 + (int(lo) >> 6)) / 9007199254740992.0  # 53 bits
+
+    def at(self, pos0: int) -> Uniforms:
+        """Draws for a step whose first verification row decides the token at position pos0."""
+        return lambda row, purpose: self.uniform(pos0 + row, purpose)
 
 
 def process(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
@@ -90,10 +117,11 @@ def _top_p(probs: np.ndarray, top_p: float) -> np.ndarray:
     return out / out.sum()
 
 
-def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
-    """Draw one token id from a probability vector (only ids with probability > 0 can come out)."""
+def sample(probs: np.ndarray, u: float) -> int:
+    """The token id at quantile u in [0, 1) of a probability vector (inverse CDF; only ids with
+    probability > 0 can come out)."""
     cdf = np.cumsum(probs)
-    return int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+    return min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), probs.shape[0] - 1)
 
 
 def verify_greedy(target_logits: np.ndarray, draft: np.ndarray) -> tuple[int, int]:
@@ -116,7 +144,7 @@ def verify_stochastic(
     draft: np.ndarray,
     draft_probs: np.ndarray | None,
     params: SamplingParams,
-    rng: np.random.Generator,
+    u: Uniforms,
 ) -> tuple[int, int]:
     """Modified rejection sampling (Leviathan et al. 2023, Alg. 1; Chen et al. 2023).
 
@@ -126,36 +154,42 @@ def verify_stochastic(
     Accept draft[i] with probability min(1, p_i(d)/q_i(d)); on the first rejection emit a sample of
     norm(max(0, p_i - q_i)); if all k are accepted emit a bonus sample of p_k.
     Returns (n_accepted, next_token). The emitted tokens are distributed exactly as the target's.
+
+    For a one-hot q the rule reads: accept d with probability p(d), else sample p with d removed
+    (max(0, p - onehot(d)) normalised). Sampling p with the position's SAMPLE draw and accepting d
+    iff that sample is d has exactly those probabilities, so that is how it is computed: the
+    emitted token is then the one plain sampling with the same seed would emit, drafted or not.
     """
+    if draft_probs is None:
+        return verify_match(target_logits, draft, params, u)
     for i, d in enumerate(np.asarray(draft).tolist()):
         p = process(target_logits[i], params)
-        q_d = 1.0 if draft_probs is None else float(draft_probs[i][d])
-        if q_d > 0.0 and rng.random() * q_d < p[d]:
+        q_d = float(draft_probs[i][d])
+        if q_d > 0.0 and u(i, ACCEPT) * q_d < p[d]:
             continue
-        if draft_probs is None:
-            residual = p.copy()
-            residual[d] = 0.0  # max(0, p - onehot(d))
-        else:
-            residual = np.maximum(p - draft_probs[i], 0.0)
+        residual = np.maximum(p - draft_probs[i], 0.0)
         if residual.sum() <= 0.0:  # p == q: rejection has probability 0, but be safe
             residual = p
-        return i, sample(residual, rng)
-    return len(draft), sample(process(target_logits[len(draft)], params), rng)
+        return i, sample(residual, u(i, RESIDUAL))
+    k = len(draft)
+    return k, sample(process(target_logits[k], params), u(k, SAMPLE))
 
 
 def verify_match(
     target_logits: np.ndarray,
     draft: np.ndarray,
     params: SamplingParams,
-    rng: np.random.Generator,
+    u: Uniforms,
 ) -> tuple[int, int]:
     """Exact-match verification (what llama.cpp's server and Llama.generate do): the target samples
-    its own token at each position and a draft is accepted only if it is that token. Lossless too,
-    but a sampled draft d ~ q is accepted with probability p(d) instead of min(1, p(d)/q(d)), so
-    acceptance is lower whenever the draft is stochastic. Kept for comparison.
+    its own token at each position and a draft is accepted only if it is that token. Lossless; for
+    a one-hot (n-gram) draft it is the rejection sampler itself, but a sampled draft d ~ q is
+    accepted with probability p(d) instead of min(1, p(d)/q(d)), so with a draft model acceptance
+    is lower. Kept for comparison.
     """
     for i, d in enumerate(np.asarray(draft).tolist()):
-        tok = sample(process(target_logits[i], params), rng)
+        tok = sample(process(target_logits[i], params), u(i, SAMPLE))
         if tok != d:
             return i, tok
-    return len(draft), sample(process(target_logits[len(draft)], params), rng)
+    k = len(draft)
+    return k, sample(process(target_logits[k], params), u(k, SAMPLE))

@@ -15,6 +15,13 @@ sys.path.insert(0, str(ROOT))
 from edgespec.runtime import Model  # noqa: E402
 from models import bundled_path  # noqa: E402
 
+# Cost profiles measured while tests run (other processes may share the cores) stay out of the
+# user's store; subprocesses started by the tests inherit this.
+if not os.environ.get("EDGESPEC_PROFILES"):
+    import tempfile
+
+    os.environ["EDGESPEC_PROFILES"] = tempfile.mkdtemp(prefix="edgespec-profiles-")
+
 
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:

@@ -8,7 +8,20 @@ import pytest
 from scipy.stats import chisquare
 
 from edgespec.errors import EdgeSpecError
-from edgespec.sampling import SamplingParams, process, sample, verify_greedy, verify_match, verify_stochastic
+from scipy.stats import kstest
+
+from edgespec.sampling import (
+    ACCEPT,
+    RESIDUAL,
+    SAMPLE,
+    Noise,
+    SamplingParams,
+    process,
+    sample,
+    verify_greedy,
+    verify_match,
+    verify_stochastic,
+)
 
 V = 8
 TRIALS = 30_000
@@ -17,7 +30,7 @@ TRIALS = 30_000
 def _draft(q_rows: np.ndarray | None, onehot_tokens: list[int] | None, rng) -> tuple[np.ndarray, np.ndarray | None]:
     if q_rows is None:
         return np.asarray(onehot_tokens, dtype=np.int32), None
-    return np.asarray([sample(q, rng) for q in q_rows], dtype=np.int32), q_rows
+    return np.asarray([sample(q, rng.random()) for q in q_rows], dtype=np.int32), q_rows
 
 
 def _emitted_counts(logits, q_rows, params, verify, onehot_tokens=None, seed=0):
@@ -27,7 +40,7 @@ def _emitted_counts(logits, q_rows, params, verify, onehot_tokens=None, seed=0):
     second = np.zeros(V)
     for _ in range(TRIALS):
         draft, q = _draft(q_rows, onehot_tokens, rng)
-        n, tok = verify(logits, draft, q, params, rng)
+        n, tok = verify(logits, draft, q, params, lambda row, purpose: rng.random())
         out = [*draft[:n].tolist(), tok]
         first[out[0]] += 1
         if len(out) > 1:
@@ -50,15 +63,15 @@ def _assert_matches(counts: np.ndarray, p: np.ndarray) -> None:
     assert tv < 1.5 * np.sqrt(V / counts.sum())
 
 
-def _wrong_verify(logits, draft, q, params, rng):
+def _wrong_verify(logits, draft, q, params, u):
     """A plausible bug: on rejection resample from p instead of norm(max(0, p - q))."""
     for i, d in enumerate(draft.tolist()):
         p = process(logits[i], params)
         q_d = 1.0 if q is None else q[i][d]
-        if rng.random() * q_d < p[d]:
+        if u(i, 1) * q_d < p[d]:
             continue
-        return i, sample(p, rng)
-    return len(draft), sample(process(logits[len(draft)], params), rng)
+        return i, sample(p, u(i, 2))
+    return len(draft), sample(process(logits[len(draft)], params), u(len(draft), 0))
 
 
 CASES = {
@@ -108,12 +121,40 @@ def test_exact_match_verification_is_lossless_but_accepts_less():
     assert (q_rows[0] * p0).sum() < np.minimum(q_rows[0], p0).sum()
 
 
+def test_keyed_noise_is_uniform_independent_and_reproducible():
+    a, b = Noise(5), Noise(5)
+    draws = np.array([[a.uniform(pos, k) for k in (SAMPLE, ACCEPT, RESIDUAL)] for pos in range(4000)])
+    assert draws.tolist() == [[b.uniform(pos, k) for k in (SAMPLE, ACCEPT, RESIDUAL)] for pos in range(4000)]
+    for col in draws.T:
+        assert kstest(col, "uniform").pvalue > 1e-4
+    corr = np.corrcoef(draws.T)
+    assert np.abs(corr[np.triu_indices(3, 1)]).max() < 0.06
+    assert kstest(np.diff(draws[:, 0]), "triang", args=(0.5, -1, 2)).pvalue > 1e-4  # neighbours independent
+    assert Noise(6).uniform(0, SAMPLE) != a.uniform(0, SAMPLE)
+    assert Noise(-3).uniform(1, SAMPLE) == Noise(-3).uniform(1, SAMPLE)
+
+
+def test_rejection_sampling_is_lossless_with_keyed_noise():
+    """The engine's keyed draws (a fresh seed per generation) in place of one stream."""
+    rng = np.random.default_rng(6)
+    params = SamplingParams(temperature=1.0, top_k=6)
+    logits = rng.normal(0, 2, size=(2, V)).astype(np.float32)
+    q = process(rng.normal(0, 1, size=V), SamplingParams(temperature=1.0))[None, :]
+    counts = np.zeros(V)
+    for seed in range(20_000):
+        u = Noise(seed).at(10)
+        d = np.array([sample(q[0], u(0, 3))])
+        n, tok = verify_stochastic(logits, d, q, params, u)
+        counts[d[0] if n else tok] += 1
+    _assert_matches(counts, process(logits[0], params))
+
+
 def test_draft_token_outside_target_support_is_always_rejected():
     rng = np.random.default_rng(3)
     params = SamplingParams(temperature=1.0, top_k=2)
     logits = np.array([[5.0, 4.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0]] * 2, dtype=np.float32)
     for _ in range(200):
-        n, tok = verify_stochastic(logits, np.array([7]), None, params, rng)
+        n, tok = verify_stochastic(logits, np.array([7]), None, params, lambda row, purpose: rng.random())
         assert n == 0 and tok in (0, 1)
 
 

@@ -19,7 +19,7 @@ import numpy as np
 from edgespec.drafters import Draft
 from edgespec.pairing import check_compatible, size_warning
 from edgespec.runtime import Model
-from edgespec.sampling import SamplingParams, process, sample
+from edgespec.sampling import DRAFT, Noise, SamplingParams, process, sample
 
 
 class ModelDrafter:
@@ -39,7 +39,7 @@ class ModelDrafter:
         self._cached: list[int] = []  # tokens whose K/V are in the draft's cache
         self._committed = 0  # length of _cached known to be committed context
         self._sampling = SamplingParams()
-        self._rng = np.random.default_rng()
+        self._noise = Noise(None)
 
     @classmethod
     def load(cls, spec: str, target: Model, opts) -> ModelDrafter:
@@ -48,11 +48,10 @@ class ModelDrafter:
         return cls(load_model(spec, opts), target)
 
     def begin(self, prompt: Sequence[int], sampling: SamplingParams) -> None:
-        # Same sampling settings as the target (standardized sampling); the draft's random stream
-        # is derived from the seed so a seeded generation is reproducible.
+        # Same sampling settings as the target (standardized sampling); the draft's draws are keyed
+        # by the seed and the token position, so a seeded generation is reproducible.
         self._sampling = sampling
-        seed = None if sampling.seed is None else [sampling.seed, 0x5EED]
-        self._rng = np.random.default_rng(seed)
+        self._noise = Noise(sampling.seed)
         # The draft reads the prompt now, as part of prompt processing (like the target's prefill),
         # not inside the first drafting step.
         self.draft.reset()
@@ -96,7 +95,7 @@ class ModelDrafter:
                 q = process(row, self._sampling)
                 if self.p_min > 0.0 and q.max() < self.p_min and i > 0:
                     break
-                tok = sample(q, self._rng)
+                tok = sample(q, self._noise.uniform(len(context) + i, DRAFT))
                 probs.append(_fit(q, self.target_vocab))
             tokens.append(tok)
             if i + 1 < gamma:

@@ -138,7 +138,7 @@ def _generate(slot: Slot, pool: ModelPool, req: Request, stop: threading.Event, 
         prompt = model.tokenize(req.text or "", add_special=True)
     calibrate = getattr(engine.gamma, "calibrate", None)
     if calibrate is not None and drafter is not None:
-        calibrate(model)  # now, so its timed passes stay out of the recorded token times
+        calibrate(model, drafter)  # now, so its timed passes stay out of the recorded token times
     out.put(("start", (engine.drafter_name, getattr(engine.gamma, "label", str(gamma)), len(prompt))))
     t0 = time.perf_counter()
     alpha = _Alpha()
