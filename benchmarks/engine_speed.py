@@ -67,9 +67,9 @@ def speed(model: runtime.Model, prompts: list[str], max_tokens: int, repeats: in
     """Interleaved runs per prompt; returns median tok/s and ratios per configuration."""
     configs = {
         "baseline": lambda: Engine(model, None),
-        "ngram gamma=auto": lambda: Engine(model, NgramDrafter(1, 4), AutoGamma()),
-        "ngram gamma=4": lambda: Engine(model, NgramDrafter(1, 4), 4),
-        "ngram gamma=16": lambda: Engine(model, NgramDrafter(1, 4), 16),
+        "ngram gamma=auto": lambda: Engine(model, NgramDrafter(), AutoGamma()),
+        "ngram gamma=4": lambda: Engine(model, NgramDrafter(), 4),
+        "ngram gamma=16": lambda: Engine(model, NgramDrafter(), 16),
     }
     rows = []
     for text in prompts:
@@ -106,7 +106,7 @@ def divergence(model: runtime.Model, questions: list[str], max_tokens: int) -> d
     for text in questions:
         prompt = encode(model, text)
         base = collect(Engine(model, None).generate(prompt, GenerationConfig(max_tokens=max_tokens)))
-        spec = collect(Engine(model, NgramDrafter(1, 4), 4).generate(prompt, GenerationConfig(max_tokens=max_tokens)))
+        spec = collect(Engine(model, NgramDrafter(), 4).generate(prompt, GenerationConfig(max_tokens=max_tokens)))
         d = explain_divergence(model, prompt, base.tokens, spec.tokens)
         cases.append({"prompt": text[:50], "diverged": d is not None, **(d.to_dict() if d else {})})
     n_div = sum(c["diverged"] for c in cases)

@@ -50,12 +50,15 @@ class AutoGamma:
     def start(self) -> None:
         """A new generation: forget acceptance (the previous text says little about the next)."""
         # Acceptance as a geometric process: successes = accepted drafts, trials = accepted +
-        # rejections; alpha_hat = successes / trials (MLE), with a weak prior of 0.5. Drafts come in
-        # runs (a model copying its input accepts whole drafts, then stops copying), so alpha is
-        # kept separately for steps after a fully accepted draft and after a rejection.
-        self._succ = np.array([1.0, 1.0])
-        self._trials = np.array([2.0, 2.0])
+        # rejections; alpha_hat = successes / trials (MLE), with a weak prior of 0.5. Kept per
+        # context: with a drafter that gives a hint (the n-gram drafter's matched size; a 16-token
+        # match is followed by an accepted token far more often than a 1-token one), per hint;
+        # otherwise per outcome of the last draft (drafts come in runs: a model copying its input
+        # accepts whole drafts, then stops copying).
+        self._succ: dict[tuple, float] = {}
+        self._trials: dict[tuple, float] = {}
         self._state = 0  # 1 if the last draft was accepted in full
+        self._key: tuple = ("state", 0)
         self._since_draft = 0
         self.last_choice = 0
         self.last_predicted = 1.0
@@ -67,12 +70,12 @@ class AutoGamma:
     # ------------------------------------------------------------------ estimates
     @property
     def alpha(self) -> float:
-        """Acceptance rate expected for the next draft (given how the last one went)."""
-        return float(self._succ[self._state] / self._trials[self._state])
+        """Acceptance rate expected for the next draft (in the context of the last `choose`)."""
+        return self._succ.get(self._key, 1.0) / self._trials.get(self._key, 2.0)
 
     @property
     def alpha_overall(self) -> float:
-        return float(self._succ.sum() / self._trials.sum())
+        return (1.0 + sum(self._succ.values())) / (2.0 + sum(self._trials.values()))
 
     def set_costs(self, costs: dict[int, float], c: float = 0.0) -> None:
         """T(K) for some row counts (must include K = 1), linear in between and extended beyond
@@ -106,17 +109,21 @@ class AutoGamma:
     def calibrate(self, model: Model, drafter: object | None = None) -> None:
         """Take T(K) for `model` (and, for a draft model, c) from the stored cost profile,
         measuring it the first time (about a second)."""
-        rows = sorted({1, 2, 3, 5, 9, self.gamma_max + 1})
-        costs = pass_costs(model, rows)
+        # Every row count: T(K) is not smooth (Gemma's repacked K-quant kernels take rows in fours,
+        # so 4 rows cost 1.7 T(1) and 5 rows 2.5 T(1)), and interpolating would miss that.
+        costs = pass_costs(model, list(range(1, self.gamma_max + 2)))
         draft_model = getattr(drafter, "draft", None)
         c = pass_costs(draft_model, [1])[1] / costs[1] if isinstance(draft_model, Model) else 0.0
         self.set_costs(costs, c)
 
     # ------------------------------------------------------------------ policy
-    def choose(self) -> int:
+    def choose(self, hint: int | None = None) -> int:
+        """Draft length for the next step; `hint` is what the drafter knows before drafting (the
+        n-gram drafter's matched size, 0 when it has nothing to propose) or None."""
+        self._key = ("hint", hint) if hint is not None else ("state", self._state)
         table = self._table
-        if table is None:
-            g = 0  # no costs known: plain decoding is the safe choice
+        if table is None or hint == 0:
+            g = 0  # no costs known (plain decoding is the safe choice), or nothing to draft
         else:
             g, s = best_gamma(self.alpha, self.c, lambda k: table[k] / table[1], self.gamma_max)
             self.last_predicted = s
@@ -129,6 +136,16 @@ class AutoGamma:
         self._steps += 1
         self._steps_plain += g == 0
         return g
+
+    def fit(self, available: int) -> int:
+        """How many of the `available` draft tokens to verify when the drafter offered fewer than
+        asked (an n-gram continuation can be short): the best length up to `available`, drafting
+        being paid for already (c = 0), or 0 when none is predicted to pay."""
+        if self._table is None or self._probing or available <= 0:
+            return available
+        table = self._table
+        g, s = best_gamma(self.alpha, 0.0, lambda k: table[k] / table[1], min(available, self.gamma_max))
+        return g if s >= self.margin else 0
 
     def _could_pay(self, table: np.ndarray) -> bool:
         """Viability (the paper's alpha > c, with verification cost): would speculation pay even
@@ -151,9 +168,9 @@ class AutoGamma:
             # outweigh the next few rejections.
             trials = n_accepted + (1 if n_accepted < k else 0)
             d = self.decay**trials
-            st = self._state
-            self._succ[st] = d * self._succ[st] + n_accepted
-            self._trials[st] = d * self._trials[st] + trials
+            key = self._key
+            self._succ[key] = d * self._succ.get(key, 1.0) + n_accepted
+            self._trials[key] = d * self._trials.get(key, 2.0) + trials
             self._state = int(n_accepted == k)
             self._since_draft = 0
         else:

@@ -40,7 +40,7 @@ def add_generation_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--target", default=None, help="target model: .gguf path or name (default smollm2-135m)")
     ap.add_argument("--draft", default="ngram", help="none | ngram | draft model path or name (default ngram)")
     ap.add_argument("--gamma", default="auto", help="draft length per step: a number, or auto (default)")
-    ap.add_argument("--ngram", default="1,4", help="n-gram sizes for the ngram drafter as MIN,MAX (default 1,4)")
+    ap.add_argument("--ngram", default="1,16", help="n-gram sizes for the ngram drafter as MIN,MAX (default 1,16)")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     ap.add_argument("--top-k", type=int, default=0)

@@ -32,7 +32,7 @@ class GammaPolicy(Protocol):
 
     label: str
 
-    def choose(self) -> int: ...
+    def choose(self, hint: int | None = None) -> int: ...
 
     def observe(self, k: int, n_accepted: int, rows: int, target_s: float, draft_s: float) -> None: ...
 
@@ -44,7 +44,7 @@ class FixedGamma:
         self.gamma = gamma
         self.label = str(gamma)
 
-    def choose(self) -> int:
+    def choose(self, hint: int | None = None) -> int:
         return self.gamma
 
     def observe(self, k: int, n_accepted: int, rows: int, target_s: float, draft_s: float) -> None:
@@ -215,9 +215,13 @@ class Engine:
             draft = Draft()
             ts = time.perf_counter()
             if self.drafter is not None:
-                gamma = max(0, min(self.gamma.choose(), remaining - 1, room))
+                hint = self.drafter.hint(context) if hasattr(self.drafter, "hint") else None
+                gamma = max(0, min(self.gamma.choose(hint), remaining - 1, room))
                 if gamma > 0:
                     draft = self.drafter.propose(context, gamma)
+                    fit = getattr(self.gamma, "fit", None)
+                    if fit is not None and 0 < len(draft) < gamma:
+                        draft = draft.head(fit(len(draft)))
             td = time.perf_counter()
             k = len(draft)
 

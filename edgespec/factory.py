@@ -78,7 +78,7 @@ def load_model(
     )
 
 
-def make_drafter(spec: str, target: Model, opts: RuntimeOptions, ngram: tuple[int, int] = (1, 4)) -> Drafter | None:
+def make_drafter(spec: str, target: Model, opts: RuntimeOptions, ngram: tuple[int, int] = (1, 16)) -> Drafter | None:
     """'none' -> no drafter (plain decoding), 'ngram' -> prompt lookup, anything else -> a draft model."""
     spec = (spec or "none").strip()
     if spec == "none":

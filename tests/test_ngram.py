@@ -5,16 +5,19 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgespec.drafters.ngram import NgramDrafter
+from edgespec.drafters.ngram import NgramDrafter, ngram_sizes
 
 
-def brute_force(tokens: list[int], gamma: int, n_min: int, n_max: int) -> list[int]:
-    for n in range(min(n_max, len(tokens)), n_min - 1, -1):
+def brute_force(tokens: list[int], gamma: int, sizes: tuple[int, ...]) -> tuple[int, list[int]]:
+    """(matched size, continuation) by scanning every earlier position."""
+    for n in sorted(sizes, reverse=True):
+        if n > len(tokens):
+            continue
         suffix = tokens[len(tokens) - n :]
         for end in range(len(tokens) - 1, n - 1, -1):  # latest occurrence first
             if tokens[end - n : end] == suffix:
-                return tokens[end : end + gamma]
-    return []
+                return n, tokens[end : end + gamma]
+    return 0, []
 
 
 @settings(max_examples=300, deadline=None)
@@ -27,10 +30,25 @@ def brute_force(tokens: list[int], gamma: int, n_min: int, n_max: int) -> list[i
 def test_matches_brute_force_while_growing(tokens, gamma, n_min, extra):
     n_max = n_min + extra
     d = NgramDrafter(n_min, n_max)
+    assert set(d.sizes) >= {n for n in range(n_min, min(n_max, 4) + 1)} | {n_max}
     d.begin(tokens[:1])
     for i in range(1, len(tokens) + 1):  # the context grows one token per step, as in generation
-        got = d.propose(tokens[:i], gamma).tokens.tolist()
-        assert got == brute_force(tokens[:i], gamma, n_min, n_max)
+        size, cont = brute_force(tokens[:i], gamma, d.sizes)
+        assert d.hint(tokens[:i]) == size
+        assert d.propose(tokens[:i], gamma).tokens.tolist() == cont
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 2), min_size=1, max_size=120), st.integers(1, 16))
+def test_long_sizes_match_brute_force(tokens, gamma):
+    """The default ladder 1,2,3,4,6,8,12,16 on repetitive text, where long matches are common."""
+    d = NgramDrafter()
+    assert d.sizes == ngram_sizes(1, 16) == (1, 2, 3, 4, 6, 8, 12, 16)
+    d.begin(tokens[:1])
+    for i in range(1, len(tokens) + 1):
+        size, cont = brute_force(tokens[:i], gamma, d.sizes)
+        assert d.hint(tokens[:i]) == size
+        assert d.propose(tokens[:i], gamma).tokens.tolist() == cont
 
 
 def test_copies_the_continuation():

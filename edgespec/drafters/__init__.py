@@ -31,6 +31,10 @@ class Draft:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def head(self, k: int) -> Draft:
+        """The first k proposed tokens."""
+        return Draft(self.tokens[:k], None if self.probs is None else self.probs[:k])
+
 
 class Drafter(Protocol):
     name: str
@@ -40,7 +44,10 @@ class Drafter(Protocol):
         must use the same settings so that q is processed like p)."""
 
     def propose(self, context: Sequence[int], gamma: int) -> Draft:
-        """Propose up to `gamma` tokens to follow `context` (prompt + committed output)."""
+        """Propose up to `gamma` tokens to follow `context` (prompt + committed output).
+
+        A drafter that can tell cheaply how promising its next draft is may also define
+        `hint(context) -> int` (0: nothing to propose); gamma auto keeps acceptance per hint."""
 
     def close(self) -> None:
         """Release resources (models, contexts)."""

@@ -16,7 +16,7 @@ class Defaults:
     target: str = "smollm2-135m"
     draft: str = "ngram"  # none | ngram | draft model name/path
     gamma: str = "auto"
-    ngram: tuple[int, int] = (1, 4)
+    ngram: tuple[int, int] = (1, 16)
     max_tokens: int = 256
     temperature: float = 0.0
     top_k: int = 0

@@ -28,7 +28,7 @@ class Request:
     drafter: str  # 'none' | 'ngram' | draft model name/path
     gamma: str  # a number or 'auto'
     config: GenerationConfig
-    ngram: tuple[int, int] = (1, 4)
+    ngram: tuple[int, int] = (1, 16)
     messages: list[dict[str, str]] | None = None  # chat: rendered with the model's template
     text: str | None = None  # raw prompt (race), tokenized as is
 
