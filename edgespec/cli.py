@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from edgespec.errors import EdgeSpecError
+from edgespec.errors import EdgeSpecError, run_command
 
 COLOURS = {"draft": "\033[32m", "bonus": "\033[36m", "target": ""}
 RESET = "\033[0m"
@@ -187,19 +187,17 @@ def stats_line(stats, drafter: str, gamma: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        if argv and argv[0] == "bench":
-            from edgespec.bench import main as bench_main
+    return run_command(lambda: _dispatch(argv))
 
-            return bench_main(argv[1:])
-        args = build_parser().parse_args(argv)
-        if args.headless:
-            return headless(args)
-        from edgespec.ui import launch
 
-        return launch(args)
-    except EdgeSpecError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
+def _dispatch(argv: list[str]) -> int:
+    if argv and argv[0] == "bench":
+        from edgespec.bench import main as bench_main
+
+        return bench_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    if args.headless:
+        return headless(args)
+    from edgespec.ui import launch
+
+    return launch(args)

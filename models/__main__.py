@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from edgespec.errors import EdgeSpecError
+from edgespec.errors import EdgeSpecError, run_command
 from models import BUNDLED, HF_PREFIX, MODELS_DIR, STORE_DIR, bundled_path, catalog, resolve, resolve_local
 from models.inspect import DEFAULT_MEMORY_CONTEXT, inspect_gguf, kv_cache_bytes, pairing_from_metadata, read_header
 
@@ -216,14 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="folder for the derived target (default ~/.cache/edgespec/derived)")
     p.set_defaults(fn=cmd_derive)
     args = ap.parse_args(argv)
-    try:
-        return args.fn(args)
-    except EdgeSpecError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+    return run_command(lambda: args.fn(args))
 
 
 if __name__ == "__main__":

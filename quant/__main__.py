@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # `python -m quant` from another folder still finds edgespec
 
-from edgespec.errors import EdgeSpecError  # noqa: E402
+from edgespec.errors import run_command  # noqa: E402
 
 
 class _Parser(argparse.ArgumentParser):
@@ -63,26 +63,23 @@ def _terminate(signum: int, frame: object) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
-    try:
-        if args.command == "convert":
-            import json
+    return run_command(lambda: _run(args))
 
-            from quant.convert import convert
 
-            res = convert(args.input, args.output, args.to, mx_head=args.mx_embeddings,
-                          progress=not args.no_progress,
-                          log=lambda s: print(s, file=sys.stderr))
-            print(json.dumps(res.to_dict(), indent=1) if args.json else res.summary())
-        else:
-            from quant.report import main_report
+def _run(args) -> int:
+    if args.command == "convert":
+        import json
 
-            main_report(args)
-    except EdgeSpecError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+        from quant.convert import convert
+
+        res = convert(args.input, args.output, args.to, mx_head=args.mx_embeddings,
+                      progress=not args.no_progress,
+                      log=lambda s: print(s, file=sys.stderr))
+        print(json.dumps(res.to_dict(), indent=1) if args.json else res.summary())
+    else:
+        from quant.report import main_report
+
+        main_report(args)
     return 0
 
 

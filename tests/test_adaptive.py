@@ -62,6 +62,19 @@ def test_adapts_when_the_text_changes():
     assert sum(k == 0 for k in chosen[-60:]) >= 50
 
 
+def test_acceptance_is_kept_per_hint_and_probes_need_a_long_match():
+    """n-gram hints: long matches that keep being accepted are drafted long while short matches
+    that fail are left alone, in the same generation; short matches are never probed."""
+    policy = AutoGamma(costs=costs(0.5))
+    for step in range(300):
+        hint = 16 if step % 2 else 1
+        k = policy.choose(hint)
+        if hint == 1 and step > 100:
+            assert k == 0
+        policy.observe(k, k if hint == 16 else 0, k + 1, 0.0, 0.0)
+    assert policy.choose(16) >= 8 and policy.choose(1) == 0
+
+
 def test_a_new_generation_starts_from_the_prior():
     policy = AutoGamma(costs=costs(0.2))
     feed(policy, 100, 0.97)

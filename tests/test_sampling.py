@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from scipy.stats import chisquare
+from scipy.stats import chisquare, kstest
 
 from edgespec.errors import EdgeSpecError
-from scipy.stats import kstest
-
 from edgespec.sampling import (
     ACCEPT,
     RESIDUAL,
