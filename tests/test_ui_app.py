@@ -52,7 +52,7 @@ def engine_run(model, message: str, gamma: int, max_tokens: int) -> tuple[list[i
     """(tokens, sources, pieces) of the same chat turn run straight through the engine."""
     msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": message}]
     prompt = model.tokenize(model.apply_chat_template(msgs), add_special=True, parse_special=True)
-    engine = Engine(model, make_drafter("ngram", model, OPTS, (1, 4)), gamma)
+    engine = Engine(model, make_drafter("ngram", model, OPTS, Defaults().ngram), gamma)  # the app's n-gram sizes
     tokens, sources, pieces = [], [], []
     for ev in engine.generate(prompt, GenerationConfig(max_tokens, SamplingParams())):
         tokens += ev.tokens
