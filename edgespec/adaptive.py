@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgespec.profile import measure_pass_costs, pass_costs
+from edgespec.profile import pass_costs
 from edgespec.runtime import Model
 from edgespec.theory import best_gamma
-
-__all__ = ["AutoGamma", "measure_pass_costs"]
 
 
 class AutoGamma:
@@ -155,8 +153,7 @@ class AutoGamma:
 
     def _could_pay(self, table: np.ndarray) -> bool:
         """Viability (the paper's alpha > c, with verification cost): would speculation pay even
-        if nearly every draft were accepted? If not, probing for alpha only costs time. Unknown
-        batch costs (only one row count measured) are worth a probe."""
+        if nearly every draft were accepted? If not, probing for alpha only costs time."""
         _, s = best_gamma(0.95, self.c, lambda k: table[k] / table[1], self.gamma_max)
         return s >= self.margin
 

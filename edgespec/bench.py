@@ -194,7 +194,7 @@ class Runner:
 
 
 def measure_costs(model, rows: list[int], repeats: int) -> dict[int, float]:
-    from edgespec.adaptive import measure_pass_costs
+    from edgespec.profile import measure_pass_costs
 
     return measure_pass_costs(model, rows, repeats=repeats)
 

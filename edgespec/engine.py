@@ -239,8 +239,7 @@ class Engine:
             elif cfg.verifier == "match":
                 n_acc, nxt = verify_match(logits, draft.tokens, cfg.sampling, noise.at(len(context)))
             else:
-                u = noise.at(len(context))
-                n_acc, nxt = verify_stochastic(logits, draft.tokens, draft.probs, cfg.sampling, u)
+                n_acc, nxt = verify_stochastic(logits, draft.tokens, draft.probs, cfg.sampling, noise.at(len(context)))
             target.truncate(n_past0 + 1 + n_acc)  # keep x_last and the accepted drafts
             tv = time.perf_counter()
 

@@ -75,7 +75,7 @@ def pass_costs(model: Model, rows: list[int]) -> dict[int, float]:
             stored = {}  # unreadable profile: measure again
     missing = sorted(set(rows) - set(stored))
     if missing:
-        stored.update(measure_pass_costs(model, sorted(set(missing) | {1}) if 1 not in stored else missing, repeats=3))
+        stored.update(measure_pass_costs(model, missing, repeats=3))
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")

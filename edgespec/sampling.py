@@ -55,8 +55,8 @@ class Noise:
     """Uniform random numbers keyed by (seed, absolute token position, purpose).
 
     A stream that is consumed in order would make a seeded output depend on how many draws each
-    step happened to make, i.e. on the draft lengths, which gamma auto picks from measured
-    timings. Keyed draws do not: the token at position i is decided by the draws for i alone, so
+    step happened to make, i.e. on the draft lengths (which differ with gamma, the drafter and
+    gamma auto's cost profile). Keyed draws do not: the token at position i is decided by the draws for i alone, so
     the same seed gives the same text whatever was drafted (see `verify_stochastic`).
     """
 

@@ -35,10 +35,12 @@ class NgramDrafter:
         # (n-gram) -> position right after its latest occurrence, for occurrences that end before
         # the last committed token (so the continuation is at least one known token).
         self._index: dict[tuple[int, ...], int] = {}
+        # The last lookup's result, kept until the context changes: `hint` and `propose` of one
+        # step ask for the same match.
+        self._found: tuple[int, int] | None = None
 
     def begin(self, prompt: Sequence[int], sampling: SamplingParams | None = None) -> None:
-        self._tokens = []
-        self._index = {}
+        self._tokens, self._index, self._found = [], {}, None
         self._extend(prompt)
 
     def _extend(self, context: Sequence[int]) -> None:
@@ -46,10 +48,12 @@ class NgramDrafter:
         # Context only ever grows within a generation; a cheap check catches a caller that reused
         # the drafter for another text without begin().
         if len(context) < n_old or (n_old and int(context[n_old - 1]) != self._tokens[-1]):
-            self._tokens, self._index = [], {}
+            self._tokens, self._index, self._found = [], {}, None
         toks = self._tokens
         start = len(toks)
         toks.extend(int(t) for t in context[start:])
+        if len(toks) > start:
+            self._found = None
         # Index n-grams ending at positions end-1 for end in [old_len, len-1]: their continuation
         # toks[end] exists. The n-gram ending at the last token is the query, not an entry.
         for end in range(max(start, 1), len(toks)):
@@ -62,6 +66,11 @@ class NgramDrafter:
         """(size of the longest matching n-gram, position after its latest occurrence); (0, 0)
         when not even n_min tokens recur."""
         self._extend(context)
+        if self._found is None:
+            self._found = self._search()
+        return self._found
+
+    def _search(self) -> tuple[int, int]:
         toks = self._tokens
         for n in reversed(self.sizes):
             if n <= len(toks):
@@ -81,7 +90,7 @@ class NgramDrafter:
         return Draft(np.asarray(self._tokens[pos : pos + gamma], dtype=np.int32))
 
     def close(self) -> None:
-        self._tokens, self._index = [], {}
+        self._tokens, self._index, self._found = [], {}, None
 
 
 def ngram_sizes(n_min: int, n_max: int) -> tuple[int, ...]:

@@ -15,10 +15,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edgespec.adaptive import measure_pass_costs
 from edgespec.drafters import Drafter
 from edgespec.errors import EdgeSpecError
 from edgespec.factory import RuntimeOptions, load_model, make_drafter
+from edgespec.profile import measure_pass_costs
 from edgespec.runtime import Model
 
 Progress = Callable[[float], None]
