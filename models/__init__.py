@@ -14,7 +14,7 @@ from models.bundled import BUNDLED, DEFAULT_TARGET, bundled_path
 
 MODELS_DIR = Path(__file__).resolve().parent
 STORE_DIR = MODELS_DIR / "store"  # git-ignored; for GGUFs a user drops in by hand
-HF_PREFIX = "hf:"
+from models.catalog import HF_PREFIX  # noqa: E402  (re-exported)
 
 __all__ = ["BUNDLED", "DEFAULT_TARGET", "MODELS_DIR", "STORE_DIR", "bundled_path", "resolve", "resolve_local"]
 
@@ -35,7 +35,7 @@ def _local_names() -> list[str]:
 
 
 def _unknown(name: str) -> EdgeSpecError:
-    known = list(BUNDLED) + catalog.names() + _local_names()
+    known = list(dict.fromkeys([*BUNDLED, *catalog.names(), *_local_names()]))  # bundled names are catalog names too
     close = catalog.close_matches(name, extra=list(BUNDLED) + _local_names())
     hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(known)}"
     return EdgeSpecError(f"unknown model {name!r}{hint} (or use a .gguf path or hf:ORG/REPO[:FILE])")

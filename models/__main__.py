@@ -10,6 +10,7 @@ from typing import Any
 
 from edgespec.errors import EdgeSpecError, run_command
 from models import BUNDLED, HF_PREFIX, MODELS_DIR, STORE_DIR, bundled_path, catalog, resolve, resolve_local
+from models.derive import derived_target
 from models.inspect import DEFAULT_MEMORY_CONTEXT, inspect_gguf, kv_cache_bytes, pairing_from_metadata, read_header
 
 
@@ -20,7 +21,8 @@ def _size(n: int | float | None) -> str:
 
 
 def _installed() -> list[dict[str, Any]]:
-    """Every GGUF on this machine that `resolve` can name: bundled, HF cache, models/, models/store/."""
+    """Every GGUF on this machine that `resolve` can name (bundled, HF cache, models/, models/store/),
+    and the derived SmolLM2 Q8_0 target once `python -m models derive` has made it."""
     from models import hub
 
     by_file = {(e["repo"], e["file"]): e for e in catalog.load() if not e["bundled"]}
@@ -40,6 +42,10 @@ def _installed() -> list[dict[str, Any]]:
     for folder in (MODELS_DIR, STORE_DIR):
         for p in sorted(folder.glob("*.gguf")) if folder.is_dir() else []:
             out.append({"name": p.name, "path": p, "size_bytes": p.stat().st_size, "role": "?", "source": "local"})
+    derived = derived_target()
+    if derived.is_file():
+        out.append({"name": derived.name, "path": derived, "size_bytes": derived.stat().st_size, "role": "target",
+                    "source": "derived"})
     return out
 
 
@@ -73,12 +79,16 @@ def cmd_list(args: argparse.Namespace) -> int:
     for m in models:
         try:
             info = inspect_gguf(m["path"])
-            quant, arch = info["file_type_name"] or "?", info["architecture"] or "?"
+            quant, desc = info["file_type_name"] or "?", info["description"]
         except EdgeSpecError as exc:
-            quant, arch = "?", f"unreadable ({exc})"
-        print(f"  {m['name']:44s} {m['role']:6s} {quant:8s} {_size(m['size_bytes']):>9s}  {arch:8s} {m['source']:8s} {m['path']}")
+            quant, desc = "?", f"unreadable ({exc})"
+        print(f"  {m['name']:44s} {m['role']:6s} {quant:8s} {_size(m['size_bytes']):>9s}  {desc:20s} {m['source']:8s} "
+              f"{m['path']}")
     if not models:
         print("  (none)")
+    if not derived_target().is_file():
+        print(f"  {derived_target().name:44s} target Q8_0     not made yet: python -m models derive "
+              "(same-vocabulary target for the bundled smollm2-135m)")
     pairs = []
     for m in models:
         drafts, _, _ = _pairs(Path(m["path"]), models)
@@ -136,14 +146,14 @@ def cmd_info(args: argparse.Namespace) -> int:
         return 0
     print(f"path:            {info['path']}")
     print(f"architecture:    {info['architecture']} ({info['name']})")
-    print(f"parameters:      {info['n_params'] / 1e6:,.1f} M")
+    print(f"parameters:      {info['n_params'] / 1e6:,.1f} M ({info['description']})")
     print(f"layers:          {info['n_layer']}, embedding {info['n_embd']}, heads {info['n_head']} (KV heads {info['n_head_kv']})")
     print(f"context length:  {info['context_length']} (trained)")
     print(f"quantization:    {info['file_type_name']} (file type); per tensor:")
     for qtype, q in info["quantization"].items():
         print(f"  {qtype:8s} {q['tensors']:4d} tensors  {q['params'] / 1e6:9.1f} M params  {_size(q['bytes']):>9s}")
     print(f"chat template:   {'yes' if info['has_chat_template'] else 'no'}")
-    print(f"tokenizer:       {info['tokenizer_model']}, {info['vocab_size']} tokens, fingerprint {info['vocab_fingerprint']}, "
+    print(f"tokenizer:       {info['tokenizer_type']}, {info['vocab_size']} tokens, fingerprint {info['vocab_fingerprint']}, "
           f"BOS {info['bos_id']} (add {info['add_bos']}), EOS {info['eos_id']} (add {info['add_eos']})")
     print(f"memory estimate: {_size(info['memory_bytes'])} = weights {_size(info['weights_bytes'])} + "
           f"F16 KV cache {_size(info['kv_bytes'])} at {args.ctx} tokens (compute buffers not included)")

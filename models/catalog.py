@@ -15,6 +15,8 @@ from typing import Any
 
 from edgespec.errors import EdgeSpecError
 
+HF_PREFIX = "hf:"  # names a Hugging Face Hub repository: hf:ORG/REPO[:FILE]
+
 CATALOG_PATH = Path(__file__).resolve().parent / "catalog.json"
 REQUIRED_KEYS = ("name", "role", "repo", "file", "quant", "size_bytes", "license", "use", "pairs_with")
 

@@ -14,6 +14,7 @@ from edgespec.errors import EdgeSpecError
 from models.bundled import bundled_path
 
 DERIVED_DIR = Path(os.environ.get("EDGESPEC_CACHE", Path.home() / ".cache" / "edgespec")) / "derived"
+DERIVED_TARGET_NAME = "SmolLM2-135M-Instruct.Q8_0-from-Q4_1.gguf"
 FTYPES = {"q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "f16": "LLAMA_FTYPE_MOSTLY_F16"}
 
 
@@ -39,10 +40,15 @@ def requantize(src: Path, dst: Path, to: str) -> Path:
     return dst
 
 
+def derived_target(out_dir: Path = DERIVED_DIR) -> Path:
+    """Where the derived Q8_0 target is (or will be once `python -m models derive` has run)."""
+    return out_dir / DERIVED_TARGET_NAME
+
+
 def derive_pair(out_dir: Path = DERIVED_DIR) -> tuple[Path, Path]:
     """(target, draft) paths of the derived SmolLM2 pair, creating the target on first use."""
     draft = bundled_path("smollm2-135m")
-    target = out_dir / "SmolLM2-135M-Instruct.Q8_0-from-Q4_1.gguf"
+    target = derived_target(out_dir)
     if not target.is_file():
         requantize(draft, target, "q8_0")
     return target, draft

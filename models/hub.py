@@ -36,7 +36,7 @@ except ImportError:
     from httpx import HTTPError as TransportError
 
 from edgespec.errors import EdgeSpecError
-from models import HF_PREFIX
+from models.catalog import HF_PREFIX
 from models.inspect import read_header
 
 Progress = Callable[[int, int], None]

@@ -21,17 +21,22 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, LlamaFileType
 
 from edgespec.errors import EdgeSpecError
+from edgespec.pairing import (
+    FIRST_CHECKED_TOKEN,
+    VocabFacts,
+    header_difference,
+    token_difference,
+    vocab_type_name,
+    vocab_type_of,
+)
+from edgespec.runtime import parameter_label
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
-# llama.cpp's rule (common/speculative.cpp): the first ids are control tokens families renumber.
-FIRST_CHECKED_TOKEN = 5
-MAX_VOCAB_SIZE_DIFFERENCE = 128
 KV_BYTES_PER_VALUE = 2  # llama.cpp's default KV cache type is F16
 DEFAULT_MEMORY_CONTEXT = 4096
 
-# tokenizer.ggml.model -> llama_vocab_type (llama.h) and llama.cpp's BOS/EOS defaults when a key is absent.
-_VOCAB_TYPES = {"no_vocab": 0, "none": 0, "llama": 1, "gpt2": 2, "bert": 3, "t5": 4, "rwkv": 5, "plamo2": 6}
+# llama.cpp's add-BOS/add-EOS defaults by tokenizer.ggml.model when the GGUF does not set them.
 _DEFAULT_ADD_BOS = {"llama": True, "bert": True}
 _DEFAULT_ADD_EOS = {"t5": True, "bert": True}
 
@@ -196,7 +201,8 @@ def _tokenizer_facts(meta: dict[str, Any]) -> dict[str, Any]:
     add_eos = meta.get("tokenizer.ggml.add_eos_token")
     return {
         "tokenizer_model": model,
-        "vocab_type": _VOCAB_TYPES.get(model, -1) if model is not None else None,
+        "vocab_type": vocab_type_of(model),
+        "tokenizer_type": vocab_type_name(vocab_type_of(model)),
         "vocab_size": len(tokens),
         "vocab_fingerprint": _vocab_fingerprint(tokens) if tokens else None,
         "bos_id": meta.get("tokenizer.ggml.bos_token_id"),
@@ -236,12 +242,14 @@ def kv_cache_bytes(meta: dict[str, Any], n_ctx: int = DEFAULT_MEMORY_CONTEXT) ->
 def inspect_gguf(path: str | os.PathLike) -> dict[str, Any]:
     """Everything `python -m models info` shows, read from the header only (no weights loaded).
 
-    Keys: path, file_size, architecture, name, n_params, n_layer, n_embd, n_head, n_head_kv,
-    context_length, file_type (llama_ftype int), file_type_name (e.g. 'Q4_K_M'), quantization
-    ({type: {'tensors', 'params', 'bytes'}}), tensor_types ({tensor name: type}), weights_bytes,
-    has_chat_template, tokenizer_model, vocab_type, vocab_size, vocab_fingerprint, bos_id, eos_id,
-    add_bos, add_eos, kv_bytes_4096 (F16 KV cache at a 4096-token context) and memory_bytes_4096
-    (weights + that KV cache; compute buffers not included).
+    Keys: path, file_size, architecture, name, description (e.g. 'llama 135M Q4_1': llama.cpp's model
+    description, with the parameter count of the tensors), n_params, n_layer, n_embd, n_head,
+    n_head_kv, context_length, file_type (llama_ftype int), file_type_name (e.g. 'Q4_K_M'),
+    quantization ({type: {'tensors', 'params', 'bytes'}}), tensor_types ({tensor name: type}),
+    weights_bytes, has_chat_template, tokenizer_model, vocab_type (llama_vocab_type int),
+    tokenizer_type (its readable name, e.g. 'gpt2 (BPE)'), vocab_size, vocab_fingerprint, bos_id,
+    eos_id, add_bos, add_eos, kv_bytes_4096 (F16 KV cache at a 4096-token context) and
+    memory_bytes_4096 (weights + that KV cache; compute buffers not included).
     """
     h = read_header(path)
     meta = h.metadata
@@ -252,21 +260,25 @@ def inspect_gguf(path: str | os.PathLike) -> dict[str, Any]:
         q["params"] += t.n_elements
         q["bytes"] += t.n_bytes
     weights = sum(t.n_bytes for t in h.tensors)
+    n_params = sum(t.n_elements for t in h.tensors)
     kv = kv_cache_bytes(meta)
+    arch, file_type_name = meta.get("general.architecture"), _file_type_name(meta.get("general.file_type"))
     return {
         "path": str(Path(path).expanduser()),  # as named (a cache entry is a symlink to its blob)
         "file_size": h.file_size,
         "gguf_version": h.version,
-        "architecture": meta.get("general.architecture"),
+        "architecture": arch,
         "name": meta.get("general.name"),
-        "n_params": sum(t.n_elements for t in h.tensors),
+        # Not llama.cpp's llama_model_desc: it guesses size by layer count (30-layer SmolLM2-135M is "llama 256M").
+        "description": " ".join(x for x in (arch or "?", parameter_label(n_params), file_type_name) if x),
+        "n_params": n_params,
         "n_layer": _arch_key(meta, "block_count"),
         "n_embd": _arch_key(meta, "embedding_length"),
         "n_head": _arch_key(meta, "attention.head_count"),
         "n_head_kv": _arch_key(meta, "attention.head_count_kv"),
         "context_length": _arch_key(meta, "context_length"),
         "file_type": meta.get("general.file_type"),
-        "file_type_name": _file_type_name(meta.get("general.file_type")),
+        "file_type_name": file_type_name,
         "quantization": dict(sorted(quant.items(), key=lambda kv_: -kv_[1]["params"])),
         "tensor_types": {t.name: t.type.name for t in h.tensors},
         "weights_bytes": weights,
@@ -282,30 +294,28 @@ def vocabulary(path: str | os.PathLike) -> list[str]:
     return list(read_header(path).metadata.get("tokenizer.ggml.tokens") or [])
 
 
-def pairing_from_metadata(target_path: str | os.PathLike, draft_path: str | os.PathLike) -> tuple[bool, str]:
-    """llama.cpp's draft/target compatibility rule, answered from the two headers.
+def _vocab_facts(path: str | os.PathLike, facts: dict[str, Any]) -> VocabFacts:
+    return VocabFacts(Path(path).name, facts["vocab_type"], facts["add_bos"], facts["add_eos"], facts["bos_id"],
+                      facts["eos_id"], facts["vocab_size"])
 
-    Same vocabulary type, same add-BOS/add-EOS flags and BOS/EOS ids, vocabulary sizes within 128,
-    identical token text for every id >= 5 that both have. Returns (ok, one-line reason).
+
+def pairing_from_metadata(target_path: str | os.PathLike, draft_path: str | os.PathLike) -> tuple[bool, str]:
+    """llama.cpp's draft/target compatibility rule (edgespec.pairing), answered from the two headers.
+
+    Returns (ok, one-line reason); a refusal reads exactly as edgespec.pairing.check_compatible's.
     """
     t_head, d_head = read_header(target_path), read_header(draft_path)
-    t, d = _tokenizer_facts(t_head.metadata), _tokenizer_facts(d_head.metadata)
-    tn, dn = Path(target_path).name, Path(draft_path).name
-    if t["vocab_type"] != d["vocab_type"]:
-        return False, (f"draft {dn} and target {tn} use different tokenizer types "
-                       f"({d['tokenizer_model']} vs {t['tokenizer_model']})")
-    for what, key in (("add-BOS", "add_bos"), ("add-EOS", "add_eos"), ("BOS id", "bos_id"), ("EOS id", "eos_id")):
-        if d[key] != t[key]:
-            return False, f"draft {dn} and target {tn} differ in {what}: {d[key]} vs {t[key]}"
-    if abs(t["vocab_size"] - d["vocab_size"]) > MAX_VOCAB_SIZE_DIFFERENCE:
-        return False, (f"draft {dn} and target {tn} vocabularies differ in size by more than "
-                       f"{MAX_VOCAB_SIZE_DIFFERENCE}: {d['vocab_size']} vs {t['vocab_size']}")
-    if t["vocab_size"] == d["vocab_size"] and t["vocab_fingerprint"] == d["vocab_fingerprint"]:
-        return True, f"draft {dn} can draft for target {tn}: same vocabulary ({t['vocab_size']} tokens)"
+    t_facts, d_facts = _tokenizer_facts(t_head.metadata), _tokenizer_facts(d_head.metadata)
+    t, d = _vocab_facts(target_path, t_facts), _vocab_facts(draft_path, d_facts)
+    why = header_difference(t, d)
+    if why:
+        return False, why
+    if t.n_vocab == d.n_vocab and t_facts["vocab_fingerprint"] == d_facts["vocab_fingerprint"]:
+        return True, f"draft {d.file} can draft for target {t.file}: same vocabulary ({t.n_vocab} tokens)"
     t_tok = t_head.metadata.get("tokenizer.ggml.tokens") or []
     d_tok = d_head.metadata.get("tokenizer.ggml.tokens") or []
-    for i in range(FIRST_CHECKED_TOKEN, min(len(t_tok), len(d_tok))):
-        if d_tok[i] != t_tok[i]:
-            return False, f"draft and target vocabularies differ at token {i}: {d_tok[i]!r} vs {t_tok[i]!r}"
-    return True, (f"draft {dn} can draft for target {tn}: vocabularies agree on ids >= {FIRST_CHECKED_TOKEN} "
-                  f"({d['vocab_size']} vs {t['vocab_size']} tokens)")
+    why = token_difference(t_tok.__getitem__, d_tok.__getitem__, len(t_tok), len(d_tok))
+    if why:
+        return False, why
+    return True, (f"draft {d.file} can draft for target {t.file}: vocabularies agree on ids >= {FIRST_CHECKED_TOKEN} "
+                  f"({d.n_vocab} vs {t.n_vocab} tokens)")

@@ -34,6 +34,7 @@ from tqdm import tqdm
 
 from edgespec.errors import EdgeSpecError
 from edgespec.runtime import check_gguf_file, lib
+from models.inspect import read_header
 from quant import mx
 
 Q = GGMLQuantizationType
@@ -119,12 +120,19 @@ def readable(t: GGMLQuantizationType) -> bool:
 
 
 def open_gguf(path: str | os.PathLike) -> GGUFReader:
-    """Open a GGUF read-only, with one-line errors for files that are not GGUF or are damaged."""
-    p = check_gguf_file(path)
+    """Open a GGUF read-only, with one-line errors for files that are not GGUF, cut short or damaged."""
+    p = Path(path).expanduser()
+    try:
+        check_gguf_file(p)
+        # Checks the header and that every tensor's bytes are in the file, which gguf-py does not.
+        read_header(p)
+    except OSError as exc:
+        raise EdgeSpecError(f"cannot read {p}: {exc.strerror or exc}") from None
     try:
         return GGUFReader(p, "r")
     except Exception as exc:  # gguf-py raises ValueError/struct.error/IndexError on damaged files
-        raise EdgeSpecError(f"could not read {p} as GGUF: {exc}") from None
+        detail = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise EdgeSpecError(f"corrupt GGUF file {p}: {detail}") from None
 
 
 def tensor_float(t) -> np.ndarray:
@@ -143,18 +151,26 @@ def _check_readable(reader: GGUFReader, path: Path) -> None:
 
 
 def _check_paths(src: Path, dst: Path) -> None:
-    if dst.resolve() == src.resolve() or (dst.exists() and os.path.samefile(dst, src)):
+    try:
+        same = dst.resolve() == src.resolve() or (dst.exists() and os.path.samefile(dst, src))
+        folder_exists, dst_is_dir = dst.parent.is_dir(), dst.is_dir()
+    except OSError as exc:  # e.g. a name too long or a folder this user may not look into
+        raise EdgeSpecError(f"cannot use the output path {dst}: {exc.strerror or exc}") from None
+    if same:
         raise EdgeSpecError(f"output path is the input file ({dst}); choose another output path")
-    if not dst.parent.is_dir():
+    if not folder_exists:
         raise EdgeSpecError(f"output folder does not exist: {dst.parent}")
-    if dst.exists() and dst.is_dir():
+    if dst_is_dir:
         raise EdgeSpecError(f"output path is a folder: {dst}")
 
 
 @contextmanager
 def _atomic_output(dst: Path, suffix: str = "") -> Iterator[Path]:
     """Yield a temporary path next to dst; on success fsync and rename it to dst, else delete it."""
-    fd, tmp_name = tempfile.mkstemp(prefix=dst.name + ".tmp-", suffix=suffix, dir=dst.parent)
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=dst.name + ".tmp-", suffix=suffix, dir=dst.parent)
+    except OSError as exc:  # e.g. a read-only folder, or one such as /proc or /sys that takes no new files
+        raise EdgeSpecError(f"cannot create the output file {dst} ({exc.strerror or exc}); choose a writable folder") from None
     os.close(fd)
     tmp = Path(tmp_name)
     try:

@@ -25,6 +25,7 @@ import platform
 import re
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -35,7 +36,7 @@ from tqdm import tqdm
 
 from edgespec.drafters.model import ModelDrafter
 from edgespec.drafters.ngram import NgramDrafter
-from edgespec.engine import Engine, GenerationConfig
+from edgespec.engine import Engine, FixedGamma, GenerationConfig
 from edgespec.errors import EdgeSpecError
 from edgespec.runtime import Model
 from quant.convert import FLOAT_TYPES, open_gguf, readable, tensor_float, type_bits
@@ -206,7 +207,7 @@ class SpeedSample:
 
 def run_generation(target: Model, drafter, prompts: Sequence[Sequence[int]], gen_tokens: int, gamma: int) -> SpeedSample:
     """Greedy generation of gen_tokens per prompt; decode time excludes prompt processing."""
-    engine = Engine(target, drafter, gamma if drafter is not None else 0)
+    engine = Engine(target, drafter, FixedGamma(gamma if drafter is not None else 0))
     cfg = GenerationConfig(max_tokens=gen_tokens, stop_at_eog=False)
     s = SpeedSample()
     for toks in prompts:
@@ -453,15 +454,29 @@ def plot(reports: dict | Sequence[dict], path: str | Path, titles: Sequence[str]
     plt.close(fig)
 
 
+def check_output_folder(stem: str | Path) -> None:
+    """Raise a one-line error unless STEM's folder exists and takes new files (checked before measuring)."""
+    folder = Path(stem).expanduser().parent
+    if not folder.is_dir():
+        raise EdgeSpecError(f"output folder does not exist: {folder}")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise EdgeSpecError(f"cannot write the report in {folder} ({exc.strerror or exc}); choose a writable folder") from None
+
+
 def write_outputs(report: dict, stem: str | Path, title: str | None = None) -> tuple[Path, Path, Path]:
     """Write STEM.md, STEM.json and STEM.png; returns their paths."""
+    check_output_folder(stem)
     stem = Path(stem).expanduser()
-    if not stem.parent.is_dir():
-        raise EdgeSpecError(f"output folder does not exist: {stem.parent}")
     md, js, png = stem.with_suffix(".md"), stem.with_suffix(".json"), stem.with_suffix(".png")
-    md.write_text(to_markdown(report, title), encoding="utf-8")
-    js.write_text(json.dumps(report, indent=1), encoding="utf-8")
-    plot(report, png, [title] if title else None)
+    try:
+        md.write_text(to_markdown(report, title), encoding="utf-8")
+        js.write_text(json.dumps(report, indent=1), encoding="utf-8")
+        plot(report, png, [title] if title else None)
+    except OSError as exc:
+        raise EdgeSpecError(f"could not write the report {stem}.*: {exc.strerror or exc}") from None
     return md, js, png
 
 
@@ -480,6 +495,7 @@ def main_report(args: argparse.Namespace) -> None:
             raise EdgeSpecError(f"{n} must be >= 1, got {v}")
     for c in args.candidates:
         open_gguf(c)
+    check_output_folder(args.out)
     report = build_report(
         args.reference, args.candidates, prompts, text,
         labels=args.labels.split(",") if args.labels else None,
