@@ -5,8 +5,8 @@
   alpha   acceptance rate of draft tokens, measured while generating (recent drafts weigh more),
   T(K)    seconds for a target pass over K rows (so T(K)/T(1) is the verification cost),
   c       seconds to draft one token relative to T(1).
-T(K) and c come from the machine's stored cost profile (`edgespec.profile`), not from live
-timings: the choices then depend only on the tokens, so a seeded or greedy run gives the same
+T(K) and c come from the one cost model (`edgespec.costs`, the machine's stored profile), not from
+live timings: the choices then depend only on the tokens, so a seeded or greedy run gives the same
 text every time. gamma = 0 (plain decoding) is chosen whenever no gamma is predicted to beat it by
 `margin`. Because alpha is only observed while drafting, a short probe draft is sent now and then
 so a change in the text (e.g. the model starts copying its input) is noticed.
@@ -14,11 +14,7 @@ so a change in the text (e.g. the model starts copying its input) is noticed.
 
 from __future__ import annotations
 
-import numpy as np
-
-from edgespec.profile import pass_costs
-from edgespec.runtime import Model
-from edgespec.theory import best_gamma
+from edgespec.costs import CostModel
 
 
 class AutoGamma:
@@ -32,8 +28,6 @@ class AutoGamma:
         probe_gamma: int = 2,
         probe_min_hint: int = 8,
         margin: float = 1.10,
-        costs: dict[int, float] | None = None,
-        c: float = 0.0,
     ) -> None:
         self.gamma_max = gamma_max
         self.decay = 0.5 ** (1.0 / halflife_tokens)
@@ -44,14 +38,11 @@ class AutoGamma:
         # 3-row pass costs 1.9 single-token passes, that was ~3% of open-ended generation.
         self.probe_min_hint = probe_min_hint
         self.margin = margin  # predicted speedup must beat plain decoding by this factor
-        self._table: np.ndarray | None = None  # T(K) for K = 0..gamma_max+1
-        self._c = 0.0
-        if costs:
-            self.set_costs(costs, c)
-        self.start()
+        self.start(None)
 
-    def start(self) -> None:
+    def start(self, costs: CostModel | None) -> None:
         """A new generation: forget acceptance (the previous text says little about the next)."""
+        self.costs = costs
         # Acceptance as a geometric process: successes = accepted drafts, trials = accepted +
         # rejections; alpha_hat = successes / trials (MLE), with a weak prior of 0.5. Kept per
         # context: with a drafter that gives a hint (the n-gram drafter's matched size; a 16-token
@@ -80,62 +71,23 @@ class AutoGamma:
     def alpha_overall(self) -> float:
         return (1.0 + sum(self._succ.values())) / (2.0 + sum(self._trials.values()))
 
-    def set_costs(self, costs: dict[int, float], c: float = 0.0) -> None:
-        """T(K) for some row counts (must include K = 1), linear in between and extended beyond
-        the largest along the last segment's slope; c = draft seconds per token / T(1)."""
-        ks = np.array(sorted(costs))
-        ts = np.array([costs[k] for k in ks])
-        rows = np.arange(self.gamma_max + 2)
-        if ks.size == 1:
-            table = ts[0] * np.maximum(rows, 1) / ks[0]  # cost linear in rows: the worst case
-        else:
-            table = np.interp(rows, ks, ts)
-            slope = max((ts[-1] - ts[-2]) / (ks[-1] - ks[-2]), 0.0)
-            beyond = rows > ks[-1]
-            table[beyond] = ts[-1] + slope * (rows[beyond] - ks[-1])
-        self._table = table
-        self._c = float(c)
-
-    def cost(self, rows: int) -> float | None:
-        """Seconds of a target pass over `rows` rows (None before costs are known)."""
-        return None if self._table is None else float(self._table[min(rows, self.gamma_max + 1)])
-
-    def t_ratio(self, rows: int) -> float:
-        if self._table is None:
-            return float(rows)
-        return float(self._table[min(rows, self.gamma_max + 1)] / self._table[1])
-
-    @property
-    def c(self) -> float:
-        return self._c
-
-    def calibrate(self, model: Model, drafter: object | None = None) -> None:
-        """Take T(K) for `model` (and, for a draft model, c) from the stored cost profile,
-        measuring it the first time (about a second)."""
-        # Every row count: T(K) is not smooth (Gemma's repacked K-quant kernels take rows in fours,
-        # so 4 rows cost 1.7 T(1) and 5 rows 2.5 T(1)), and interpolating would miss that.
-        costs = pass_costs(model, list(range(1, self.gamma_max + 2)))
-        draft_model = getattr(drafter, "draft", None)
-        c = pass_costs(draft_model, [1])[1] / costs[1] if isinstance(draft_model, Model) else 0.0
-        self.set_costs(costs, c)
-
     # ------------------------------------------------------------------ policy
-    def choose(self, hint: int | None = None) -> int:
+    def choose(self, hint: int | None) -> int:
         """Draft length for the next step; `hint` is what the drafter knows before drafting (the
         n-gram drafter's matched size, 0 when it has nothing to propose) or None."""
         self._key = ("hint", hint) if hint is not None else ("state", self._state)
-        table = self._table
-        if table is None or hint == 0:
+        costs = self.costs
+        if costs is None or hint == 0:
             g = 0  # no costs known (plain decoding is the safe choice), or nothing to draft
         else:
-            g, s = best_gamma(self.alpha, self.c, lambda k: table[k] / table[1], self.gamma_max)
+            g, s = costs.best_gamma(self.alpha, self.gamma_max)
             self.last_predicted = s
             if s < self.margin:
                 g = 0
             probe_here = hint is None or hint >= self.probe_min_hint
-            if g == 0 and probe_here and self._since_draft >= self._probe_interval and self._could_pay(table):
-                g = self.probe_gamma
-                self._probing = True
+            if g == 0 and probe_here and self._since_draft >= self._probe_interval and self._could_pay(costs):
+                g = self.probe_gamma if costs.draft_cap is None else min(self.probe_gamma, costs.draft_cap)
+                self._probing = g > 0
         self.last_choice = g
         self._steps += 1
         self._steps_plain += g == 0
@@ -145,21 +97,19 @@ class AutoGamma:
         """How many of the `available` draft tokens to verify when the drafter offered fewer than
         asked (an n-gram continuation can be short): the best length up to `available`, drafting
         being paid for already (c = 0), or 0 when none is predicted to pay."""
-        if self._table is None or self._probing or available <= 0:
+        if self.costs is None or self._probing or available <= 0:
             return available
-        table = self._table
-        g, s = best_gamma(self.alpha, 0.0, lambda k: table[k] / table[1], min(available, self.gamma_max))
+        g, s = self.costs.best_gamma(self.alpha, min(available, self.gamma_max), c=0.0)
         return g if s >= self.margin else 0
 
-    def _could_pay(self, table: np.ndarray) -> bool:
+    def _could_pay(self, costs: CostModel) -> bool:
         """Viability (the paper's alpha > c, with verification cost): would speculation pay even
         if nearly every draft were accepted? If not, probing for alpha only costs time."""
-        _, s = best_gamma(0.95, self.c, lambda k: table[k] / table[1], self.gamma_max)
-        return s >= self.margin
+        return costs.best_gamma(0.95, self.gamma_max)[1] >= self.margin
 
-    def observe(self, k: int, n_accepted: int, rows: int, target_s: float, draft_s: float) -> None:
-        """Learn from one step's outcome. Its timings are not used: planning from live timings
-        would make the output depend on machine noise (module docstring)."""
+    def observe(self, k: int, n_accepted: int) -> None:
+        """Learn from one step's outcome (tokens only: planning from live timings would make the
+        output depend on machine noise, module docstring)."""
         if self._probing and k > 0:
             # A probe that fails makes the next one wait twice as long (bounded cost on text that
             # never copies); one that is fully accepted resumes normal probing.
@@ -185,8 +135,12 @@ class AutoGamma:
             return None
         return (
             f"gamma auto: plain decoding on {self._steps_plain} of {self._steps} steps; no draft length was "
-            f"predicted to beat it (alpha {self.alpha_overall:.2f}, T(2)/T(1) {self.t_ratio(2):.2f})"
+            f"predicted to beat it (alpha {self.alpha_overall:.2f}, T(2)/T(1) {self._t_ratio(2):.2f}"
+            f"{f', draft cost c {self.costs.c:.2f}' if self.costs and self.costs.c else ''})"
         )
+
+    def _t_ratio(self, rows: int) -> float:
+        return float(rows) if self.costs is None else self.costs.t_ratio(rows)
 
     def snapshot(self) -> dict:
         return {
@@ -194,8 +148,8 @@ class AutoGamma:
             "plain_steps": self._steps_plain,
             "fallback": self.fallback_note(),
             "alpha": self.alpha_overall,
-            "c": self.c,
+            "c": None if self.costs is None else self.costs.c,
             "gamma": self.last_choice,
             "predicted_speedup": self.last_predicted,
-            "t_ratio": {k: round(self.t_ratio(k), 3) for k in (2, 3, 5, 9, self.gamma_max + 1)},
+            "t_ratio": {str(k): round(self._t_ratio(k), 3) for k in (2, 3, 5, 9, self.gamma_max + 1)},
         }

@@ -19,6 +19,7 @@ from typing import Protocol
 
 import numpy as np
 
+from edgespec.costs import CostModel
 from edgespec.drafters import Draft, Drafter
 from edgespec.errors import EdgeSpecError
 from edgespec.runtime import Model, TextStream
@@ -28,27 +29,53 @@ DRAFT, TARGET, BONUS = "draft", "target", "bonus"
 
 
 class GammaPolicy(Protocol):
-    """Chooses the draft length for each step and learns from what happened."""
+    """Chooses the draft length of each step and learns from what happened. Called in this order:
+    start once per generation; per step choose (before drafting), fit (when the drafter offered
+    fewer tokens than asked) and observe (after verification)."""
 
-    label: str
+    label: str  # 'auto' or the fixed length, for stats
 
-    def choose(self, hint: int | None = None) -> int: ...
+    def start(self, costs: CostModel | None) -> None:
+        """A new generation, planned with `costs` (None: no cost model, e.g. no drafter)."""
 
-    def observe(self, k: int, n_accepted: int, rows: int, target_s: float, draft_s: float) -> None: ...
+    def choose(self, hint: int | None) -> int:
+        """Draft length for the next step; `hint` is the drafter's (Drafter.hint)."""
+
+    def fit(self, available: int) -> int:
+        """How many of `available` (< the chosen length) draft tokens to verify."""
+
+    def observe(self, k: int, n_accepted: int) -> None:
+        """k tokens were drafted and n_accepted of them accepted."""
+
+    def snapshot(self) -> dict:
+        """What the policy knows now (estimated alpha, predicted speedup, ...), for stats."""
 
 
 class FixedGamma:
+    """Always draft `gamma` tokens (fewer if the drafter has fewer)."""
+
     def __init__(self, gamma: int) -> None:
         if gamma < 0:
             raise EdgeSpecError(f"gamma must be >= 0, got {gamma}")
         self.gamma = gamma
         self.label = str(gamma)
+        self._costs: CostModel | None = None
 
-    def choose(self, hint: int | None = None) -> int:
+    def start(self, costs: CostModel | None) -> None:
+        self._costs = costs
+
+    def choose(self, hint: int | None) -> int:
         return self.gamma
 
-    def observe(self, k: int, n_accepted: int, rows: int, target_s: float, draft_s: float) -> None:
+    def fit(self, available: int) -> int:
+        return available
+
+    def observe(self, k: int, n_accepted: int) -> None:
         pass
+
+    def snapshot(self) -> dict:
+        costs = self._costs
+        return {"gamma": self.gamma, "t_ratio": None if costs is None else round(costs.t_ratio(self.gamma + 1), 3)}
 
 
 @dataclass
@@ -79,6 +106,7 @@ class Stats:
     target_calls: int = 0
     drafted: int = 0
     accepted: int = 0
+    rejections: int = 0  # steps whose draft was cut short by a rejected token
     prefill_s: float = 0.0
     draft_s: float = 0.0
     target_s: float = 0.0
@@ -88,6 +116,9 @@ class Stats:
     target_bytes: int = 0
     gamma_hist: dict[int, int] = field(default_factory=dict)
     accepted_hist: dict[int, int] = field(default_factory=dict)
+    # Seconds of the single-row target passes (plain steps), for judging the stored cost profile
+    # and for the measured speedup; the last PLAIN_KEEP of them.
+    plain_pass_s: list[float] = field(default_factory=list)
 
     @property
     def decode_s(self) -> float:
@@ -100,7 +131,15 @@ class Stats:
 
     @property
     def acceptance_rate(self) -> float:
+        """Accepted / drafted: the share of proposed tokens that were kept."""
         return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def alpha(self) -> float:
+        """The paper's alpha, per token tested: accepted / (accepted + rejections). Drafts after the
+        first rejection of a step are never tested, so this is >= acceptance_rate."""
+        tested = self.accepted + self.rejections
+        return self.accepted / tested if tested else 0.0
 
     @property
     def mean_accepted(self) -> float:
@@ -118,8 +157,10 @@ class Stats:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        for name in ("tokens_per_s", "acceptance_rate", "mean_accepted", "tokens_per_call", "bandwidth_gb_s"):
-            d[name] = getattr(self, name)
+        del d["plain_pass_s"]
+        d.update(tokens_per_s=self.tokens_per_s, acceptance_rate=self.acceptance_rate, alpha=self.alpha,
+                 mean_accepted=self.mean_accepted, tokens_per_call=self.tokens_per_call,
+                 bandwidth_gb_s=self.bandwidth_gb_s)
         d["gamma_hist"] = {str(k): v for k, v in sorted(self.gamma_hist.items())}
         d["accepted_hist"] = {str(k): v for k, v in sorted(self.accepted_hist.items())}
         return d
@@ -153,13 +194,18 @@ class StepEvent:
         return self.finish_reason is not None
 
 
-class Engine:
-    """Runs generations of one target with an optional drafter."""
+PLAIN_KEEP = 256
 
-    def __init__(self, target: Model, drafter: Drafter | None = None, gamma: int | GammaPolicy = 4) -> None:
+
+class Engine:
+    """Runs generations of one target with an optional drafter, a gamma policy and a cost model."""
+
+    def __init__(self, target: Model, drafter: Drafter | None = None, policy: GammaPolicy | None = None,
+                 costs: CostModel | None = None) -> None:
         self.target = target
         self.drafter = drafter
-        self.gamma = FixedGamma(gamma) if isinstance(gamma, int) else gamma
+        self.policy: GammaPolicy = policy or FixedGamma(0)
+        self.costs = costs
 
     @property
     def drafter_name(self) -> str:
@@ -174,6 +220,7 @@ class Engine:
         """Yield one event per target call until EOG, max_tokens, a full context or `stop`."""
         cfg = config or GenerationConfig()
         target = self.target
+        drafter = self.drafter
         if len(prompt) == 0:
             raise EdgeSpecError("the prompt is empty")
         if len(prompt) >= target.n_ctx:
@@ -181,12 +228,8 @@ class Engine:
                 f"the prompt is {len(prompt)} tokens but the context holds {target.n_ctx}; "
                 "shorten it or raise --ctx"
             )
-        calibrate = getattr(self.gamma, "calibrate", None)
-        if calibrate is not None and self.drafter is not None:
-            calibrate(target, self.drafter)  # the stored cost profile (measured on first use)
-        start = getattr(self.gamma, "start", None)
-        if start is not None:
-            start()
+        self.policy.start(self.costs)
+        cap = self.costs.draft_cap if self.costs is not None else None
         noise = Noise(cfg.sampling.seed)
         stats = Stats(prompt_tokens=len(prompt), target_bytes=target.info.size_bytes)
         stream = TextStream(target)
@@ -196,8 +239,8 @@ class Engine:
         target.reset()
         if len(context) > 1:
             target.decode(context[:-1], n_logits=0)
-        if self.drafter is not None:
-            self.drafter.begin(context, cfg.sampling)
+        if drafter is not None:
+            drafter.begin(context, cfg.sampling)
         stats.prefill_s = time.perf_counter() - t0
 
         while True:
@@ -214,14 +257,14 @@ class Engine:
             gamma = 0
             draft = Draft()
             ts = time.perf_counter()
-            if self.drafter is not None:
-                hint = self.drafter.hint(context) if hasattr(self.drafter, "hint") else None
-                gamma = max(0, min(self.gamma.choose(hint), remaining - 1, room))
+            if drafter is not None:
+                gamma = max(0, min(self.policy.choose(drafter.hint(context)), remaining - 1, room))
+                if cap is not None:
+                    gamma = min(gamma, cap)
                 if gamma > 0:
-                    draft = self.drafter.propose(context, gamma)
-                    fit = getattr(self.gamma, "fit", None)
-                    if fit is not None and 0 < len(draft) < gamma:
-                        draft = draft.head(fit(len(draft)))
+                    draft = drafter.propose(context, gamma)
+                    if 0 < len(draft) < gamma:
+                        draft = draft.head(self.policy.fit(len(draft)))
             td = time.perf_counter()
             k = len(draft)
 
@@ -246,13 +289,17 @@ class Engine:
             stats.target_calls += 1
             stats.drafted += k
             stats.accepted += n_acc
+            stats.rejections += int(n_acc < k)
             stats.draft_s += td - ts
             stats.target_s += tt - td
             stats.verify_s += tv - tt
+            if len(batch) == 1:
+                stats.plain_pass_s.append(tt - td)
+                del stats.plain_pass_s[:-PLAIN_KEEP]
             stats.gamma_hist[k] = stats.gamma_hist.get(k, 0) + 1
             if k:
                 stats.accepted_hist[n_acc] = stats.accepted_hist.get(n_acc, 0) + 1
-            self.gamma.observe(k, n_acc, len(batch), tt - td, td - ts)
+            self.policy.observe(k, n_acc)
 
             new = draft.tokens[:n_acc].tolist() + [nxt]
             sources = [DRAFT] * n_acc + [BONUS if (k and n_acc == k) else TARGET]
@@ -266,6 +313,8 @@ class Engine:
                 new, sources = new[:remaining], sources[:remaining]
                 finish = finish or "length"
             context.extend(new)
+            if drafter is not None:
+                drafter.commit(context, n_acc)
             stats.generated += len(new)
             pieces = [stream.push(t) for t in new]
             if finish is not None and pieces:
@@ -277,41 +326,6 @@ class Engine:
             yield StepEvent(new, sources, pieces, gamma, k, n_acc, stats, finish)
             if finish is not None:
                 return
-
-
-@dataclass
-class Result:
-    """A whole generation gathered from its events (what --json prints)."""
-
-    text: str
-    tokens: list[int]
-    token_sources: list[str]
-    stats: Stats
-    finish_reason: str
-
-    def to_dict(self) -> dict:
-        return {
-            "text": self.text,
-            "tokens": self.tokens,
-            "token_sources": self.token_sources,
-            "finish_reason": self.finish_reason,
-            "stats": self.stats.to_dict(),
-        }
-
-
-def collect(events: Iterator[StepEvent]) -> Result:
-    """Run a generation to the end and gather its tokens, sources and text."""
-    tokens: list[int] = []
-    sources: list[str] = []
-    text: list[str] = []
-    last: StepEvent | None = None
-    for ev in events:
-        tokens.extend(ev.tokens)
-        sources.extend(ev.sources)
-        text.append(ev.text)
-        last = ev
-    assert last is not None
-    return Result("".join(text), tokens, sources, last.stats, last.finish_reason or "length")
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:

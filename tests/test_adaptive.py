@@ -6,13 +6,23 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from edgespec import backend
+from edgespec import costs as costs_mod
 from edgespec.adaptive import AutoGamma
-from edgespec.profile import pass_costs, profile_dir
+from edgespec.costs import CostModel, profile, profile_dir
 
 
-def costs(per_row: float) -> dict[int, float]:
+def costs(per_row: float, c: float = 0.0, max_rows: int | None = None) -> CostModel:
     """T(K) = 10 ms * (1 + per_row * (K - 1)) at the row counts a profile stores."""
-    return {k: 0.01 * (1 + per_row * (k - 1)) for k in (1, 2, 3, 5, 9, 17)}
+    return CostModel({k: 0.01 * (1 + per_row * (k - 1)) for k in (1, 2, 3, 5, 9, 17)}, c, max_rows)
+
+
+def auto(cm: CostModel) -> AutoGamma:
+    policy = AutoGamma()
+    policy.start(cm)
+    return policy
 
 
 def feed(policy: AutoGamma, steps: int, alpha_hits: float) -> list[int]:
@@ -20,7 +30,7 @@ def feed(policy: AutoGamma, steps: int, alpha_hits: float) -> list[int]:
     chosen = []
     hits = 0.0
     for _ in range(steps):
-        k = policy.choose()
+        k = policy.choose(None)
         chosen.append(k)
         n_acc = 0
         for _ in range(k):
@@ -30,34 +40,34 @@ def feed(policy: AutoGamma, steps: int, alpha_hits: float) -> list[int]:
                 n_acc += 1
             else:
                 break
-        policy.observe(k, n_acc, k + 1, 0.0, 0.0)
+        policy.observe(k, n_acc)
     return chosen
 
 
 def test_compute_bound_target_with_poor_drafts_stays_plain():
-    policy = AutoGamma(costs=costs(1.0))
+    policy = auto(costs(1.0))
     chosen = feed(policy, 200, 0.3)
     assert sum(k == 0 for k in chosen[-100:]) >= 95  # verification costs as much as decoding
 
 
 def test_poor_drafts_on_cheap_verification_mostly_plain():
-    policy = AutoGamma(costs=costs(0.3))
+    policy = auto(costs(0.3))
     chosen = feed(policy, 200, 0.3)
     assert policy.alpha_overall < 0.5
     assert sum(k == 0 for k in chosen[-100:]) >= 80  # only occasional probes
 
 
 def test_cheap_verification_and_good_drafts_speculate_long():
-    policy = AutoGamma(costs=costs(0.03))
+    policy = auto(costs(0.03))
     chosen = feed(policy, 200, 0.95)
     assert policy.alpha_overall > 0.8
     assert min(chosen[-50:]) >= 6
 
 
 def test_adapts_when_the_text_changes():
-    policy = AutoGamma(costs=costs(0.2))
+    policy = auto(costs(0.2))
     feed(policy, 100, 0.97)
-    assert policy.choose() > 4
+    assert policy.choose(None) > 4
     chosen = feed(policy, 100, 0.05)
     assert sum(k == 0 for k in chosen[-60:]) >= 50
 
@@ -65,33 +75,60 @@ def test_adapts_when_the_text_changes():
 def test_acceptance_is_kept_per_hint_and_probes_need_a_long_match():
     """n-gram hints: long matches that keep being accepted are drafted long while short matches
     that fail are left alone, in the same generation; short matches are never probed."""
-    policy = AutoGamma(costs=costs(0.5))
+    policy = auto(costs(0.5))
     for step in range(300):
         hint = 16 if step % 2 else 1
         k = policy.choose(hint)
         if hint == 1 and step > 100:
             assert k == 0
-        policy.observe(k, k if hint == 16 else 0, k + 1, 0.0, 0.0)
+        policy.observe(k, k if hint == 16 else 0)
     assert policy.choose(16) >= 8 and policy.choose(1) == 0
 
 
 def test_a_new_generation_starts_from_the_prior():
-    policy = AutoGamma(costs=costs(0.2))
+    policy = auto(costs(0.2))
     feed(policy, 100, 0.97)
-    policy.start()
-    assert policy.alpha_overall == 0.5 and policy.choose() == AutoGamma(costs=costs(0.2)).choose()
+    policy.start(costs(0.2))
+    assert policy.alpha_overall == 0.5 and policy.choose(None) == auto(costs(0.2)).choose(None)
 
 
 def test_a_draft_that_costs_as_much_as_the_target_is_not_used():
     """c close to 1 (a same-size draft): even perfect acceptance cannot pay, so no drafts (not
     even probes) are sent."""
-    policy = AutoGamma(costs=costs(0.3), c=0.9)
+    policy = auto(costs(0.3, c=0.9))
     chosen = []
     for _ in range(200):
-        k = policy.choose()
+        k = policy.choose(None)
         chosen.append(k)
-        policy.observe(k, k, k + 1, 0.0, 0.0)
+        policy.observe(k, k)
     assert sum(chosen) == 0
+
+
+def test_exact_mode_cap_bounds_every_choice():
+    """A cost model whose passes are batch-invariant only up to 5 rows never lets a draft exceed 4."""
+    policy = auto(costs(0.03, max_rows=5))
+    chosen = feed(policy, 200, 0.99)
+    assert max(chosen) == 4 and costs(0.03, max_rows=5).draft_cap == 4
+    assert costs(0.03, max_rows=1).draft_cap == 0 and max(feed(auto(costs(0.03, max_rows=1)), 50, 0.99)) == 0
+
+
+def test_cost_model_extrapolates_and_predicts():
+    cm = CostModel({1: 0.01, 2: 0.012, 4: 0.016}, gamma_max=8)
+    assert cm.seconds(3) == pytest.approx(0.014)  # linear in between
+    assert cm.seconds(6) == pytest.approx(0.020)  # beyond: along the last segment's slope
+    assert cm.t_ratio(4) == pytest.approx(1.6)
+    assert cm.speedup(0.0, 3) < 1 and cm.speedup(1.0, 3) == pytest.approx(4 / 1.6)
+    # a run that drafted 3 on every step at alpha 1 is predicted E/T = 4/1.6
+    assert cm.predicted_for({3: 10}, 1.0, 0.0, 30) == pytest.approx(4 / 1.6)
+
+
+def test_measured_speedup_never_exceeds_tokens_per_call():
+    """The Live stats bug: 1.03 tokens per call was shown as a 1.52x measured speedup because T(1)
+    was stored under load. Whatever T(1) says, a step cannot cost less than one single-token pass."""
+    cm = CostModel({1: 0.05, 2: 0.06})  # a stale, too-slow T(1)
+    s = cm.measured_speedup(tokens=103, calls=100, seconds=1.0)  # 10 ms per step
+    assert s <= 1.03 + 1e-9
+    assert cm.measured_speedup(tokens=300, calls=100, seconds=2.0, t1=0.01) == pytest.approx(1.5)
 
 
 def test_profile_is_measured_once_and_reused(smollm2_path, tmp_path, monkeypatch):
@@ -100,13 +137,69 @@ def test_profile_is_measured_once_and_reused(smollm2_path, tmp_path, monkeypatch
     monkeypatch.setenv("EDGESPEC_PROFILES", str(tmp_path))
     model = Model(smollm2_path, n_ctx=256)
     try:
-        first = pass_costs(model, [1, 2, 5])
+        first = profile(model, [1, 2, 5]).pass_s.copy()
         assert all(t > 0 for t in first.values())
         (stored,) = profile_dir().glob("*.json")
-        assert json.loads(stored.read_text())["pass_s"] == {str(k): v for k, v in first.items()}
-        del model._pass_costs
-        assert pass_costs(model, [1, 5]) == {1: first[1], 5: first[5]}  # read back, not re-measured
-        more = pass_costs(model, [1, 3])  # a missing row count is measured and added
+        data = json.loads(stored.read_text())
+        assert data["pass_s"] == {str(k): v for k, v in first.items()}
+        assert data["cpu"] == backend.this_cpu().model and data["cpu_variant"]
+        costs_mod._loaded.clear()
+        assert profile(model, [1, 5]).pass_s == first  # read back, not re-measured
+        more = profile(model, [1, 3]).pass_s  # a missing row count is measured and added
         assert more[1] == first[1] and set(json.loads(stored.read_text())["pass_s"]) == {"1", "2", "3", "5"}
+    finally:
+        model.close()
+
+
+def test_a_profile_from_another_processor_is_not_reused(smollm2_path, tmp_path, monkeypatch):
+    """The key holds the CPU's identity: a profile stored under another processor's signature
+    (a home folder carried to another machine) is never read; this CPU measures its own."""
+    from edgespec.runtime import Model
+
+    monkeypatch.setenv("EDGESPEC_PROFILES", str(tmp_path))
+    model = Model(smollm2_path, n_ctx=256)
+    try:
+        costs_mod._loaded.clear()
+        here = profile(model, [1, 2]).pass_s.copy()
+        (mine,) = tmp_path.glob("*.json")
+        import edgespec.runtime as rt
+
+        be = rt.backend_info()
+        other = backend.Cpu("Some Other CPU", frozenset({"avx2", "avx512f"}))
+        monkeypatch.setattr(rt, "_backend", backend.Backend(be.mode, be.variant, be.module, be.others, other))
+        assert costs_mod.profile_path(model) != mine
+        costs_mod._loaded.clear()
+        profile(model, [1, 2])
+        assert len(list(tmp_path.glob("*.json"))) == 2  # measured again under the other key
+        monkeypatch.setattr(rt, "_backend", be)
+        costs_mod._loaded.clear()
+        assert profile(model, [1, 2]).pass_s == here  # back on this CPU: its own profile again
+    finally:
+        model.close()
+
+
+def test_a_profile_slower_than_the_machine_is_forgotten(smollm2_path, tmp_path, monkeypatch):
+    """A profile measured on a loaded machine (stored T(1) much slower than the single-token passes
+    a generation times) is marked stale and measured again on next use."""
+    from edgespec.runtime import Model
+
+    monkeypatch.setenv("EDGESPEC_PROFILES", str(tmp_path))
+    model = Model(smollm2_path, n_ctx=256)
+    try:
+        costs_mod._loaded.clear()
+        prof = profile(model, [1, 2])
+        cm = CostModel(prof.pass_s)
+        t1 = prof.pass_s[1]
+        assert not cm.check_t1(model, [t1] * 20)  # agrees: kept
+        assert not cm.check_t1(model, [t1 / 2] * 3)  # too few passes to judge
+        (stored,) = tmp_path.glob("*.json")
+        data = json.loads(stored.read_text())
+        data["pass_s"]["1"] = 3 * t1  # as if measured while a compiler shared the cores
+        stored.write_text(json.dumps(data))
+        costs_mod._loaded.clear()
+        slow = CostModel(profile(model, [1, 2]).pass_s)
+        assert slow.check_t1(model, [t1] * 20)
+        assert json.loads(stored.read_text())["stale"] is True
+        assert profile(model, [1, 2]).pass_s[1] < 2 * t1  # measured again
     finally:
         model.close()

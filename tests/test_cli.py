@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 
 import pytest
 
-from tests.conftest import run_app
+from tests.conftest import ROOT, run_app
 
 CODE_PROMPT = "Add a docstring to this function:\n\ndef area(w, h):\n    return w * h\n\nAnswer:\n"
 
@@ -20,8 +26,12 @@ def test_json_output_contract():
     assert len(out["tokens"]) == len(out["token_sources"]) == 40
     assert set(out["token_sources"]) <= {"draft", "target", "bonus"}
     s = out["stats"]
-    for key in ("tokens_per_s", "acceptance_rate", "mean_accepted", "target_calls", "drafted", "accepted", "wall_s"):
+    for key in ("tokens_per_s", "acceptance_rate", "alpha", "mean_accepted", "target_calls", "drafted", "accepted",
+                "rejections", "wall_s"):
         assert key in s
+    assert s["alpha"] >= s["acceptance_rate"]  # drafts after a rejection are never tested
+    assert out["finish_reason"] == "length" and out["framing"] == "raw"  # the bundled Gemma is a base model
+    assert out["backend"]["cpu_variant"] and out["speedup"]["measured"] <= s["tokens_per_call"] + 1e-9
     assert s["accepted"] == out["token_sources"].count("draft")
     assert s["target_calls"] < 40  # the n-gram drafter copied some of the code
     assert 0 < s["acceptance_rate"] <= 1 and s["tokens_per_s"] > 0
@@ -57,6 +67,14 @@ def test_seeded_sampling_is_reproducible():
         (["--prompt", "hi", "--draft", "gemma3-270m"], "differ"),
         (["--prompt", "hi", "--max-tokens", "x"], "max-tokens"),
         ([], "--prompt"),
+        (["--prompt", "hi", "--ctx", "64"], "context size"),
+        (["--prompt", "hi", "--gamma", "1000"], "gamma 1000"),
+        (["--prompt", "hi", "--exact", "--flash-attn", "on"], "flash attention"),
+        (["--prompt", "hi", "--raw", "--system", "be brief"], "system message"),
+        (["--target", "gemma3-270m", "--prompt", "hi", "--system", "be brief"], "system message"),
+        (["--target", "gemma3-270m", "--prompt", "hi", "--chat"], "no chat template"),
+        (["--prompt", "hi", "--draft", "model"], "needs a model"),
+        (["--prompt", "hi", "--ngram", "3,1"], "n-gram"),
     ],
 )
 def test_bad_input_is_one_line(args, message):
@@ -77,3 +95,86 @@ def test_bad_model_files(tmp_path, smollm2_path):
         res = run_app("--headless", "--target", str(path), "--prompt", "hi")
         assert res.returncode != 0 and "Traceback" not in res.stderr
         assert len(res.stderr.strip().splitlines()) == 1 and message in res.stderr
+
+
+def test_default_command_on_the_default_model_prints_text():
+    """SmolLM2 is an instruct model: without its chat template it ended at once and printed nothing.
+    Framing auto uses the template, as llama.cpp's CLI turns on conversation mode."""
+    res = run_app("--headless", "--prompt", "Explain speculative decoding in one paragraph.", "--max-tokens", "64")
+    assert res.returncode == 0, res.stderr
+    assert len(res.stdout.split()) >= 10, res.stdout
+
+
+def test_empty_output_says_why():
+    """A generation that produces nothing says why instead of printing nothing and exiting 0."""
+    args = ("--headless", "--target", "gemma3-270m", "--prompt", "Hello", "--max-tokens", "4")
+    first = json.loads(run_app(*args, "--json").stdout)["text"]
+    assert first
+    res = run_app(*args, "--stop", first[0])  # stops before the first character it would print
+    assert res.returncode == 0 and res.stdout.strip() == ""
+    assert "no text" in res.stderr and "stop string" in res.stderr
+
+
+def test_stop_strings_end_the_reply_before_them():
+    args = ("--headless", "--target", "gemma3-270m", "--prompt", "1, 2, 3, 4, 5, 6, 7,", "--max-tokens", "40", "--json")
+    full = json.loads(run_app(*args).stdout)
+    assert " 10" in full["text"], full["text"]
+    cut = json.loads(run_app(*args, "--stop", " 10").stdout)
+    assert cut["finish_reason"] == "stop" and " 10" not in cut["text"]
+    assert full["text"].startswith(cut["text"]) and len(cut["tokens"]) == len(cut["token_sources"])
+
+
+def test_plugin_drafter_is_one_file_and_appears_in_the_cli():
+    env = {"EDGESPEC_DRAFTERS": "tests.drafter_plugin"}
+    res = run_app("--help", env=env)
+    assert "repeat" in res.stdout
+    res = run_app("--headless", "--target", "gemma3-270m", "--draft", "repeat", "--gamma", "2", "--prompt",
+                  "a a a a a a a a a a a a", "--max-tokens", "12", "--json", env=env)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["draft"] == "repeat" and out["stats"]["drafted"] > 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--port", "99999"], "between 1 and 65535"),
+    (["--host", "999.1.1.1"], "--host"),
+])
+def test_bad_ui_address_is_one_line(args, message):
+    res = run_app(*args, timeout=120)
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and message in res.stderr
+
+
+def test_port_in_use_is_one_line():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        res = run_app("--port", str(port), timeout=120)
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and f":{port}" in res.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delay", [0.5, 1.0, 1.5, 3.0, 6.0])
+def test_ctrl_c_exits_130_at_every_stage(delay):
+    """Whatever Ctrl-C lands in (start-up, model load, generation), the command ends at once with
+    status 130 and no traceback; it used to be swallowed by llama.cpp's log callback during load."""
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "app.py"), "--headless", "--target", "gemma3-270m", "--prompt",
+         "Once upon a time", "--max-tokens", "4000", "--ctx", "8192"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
+        # as from a terminal: the test runner may itself run with SIGINT ignored (a background job)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    time.sleep(delay)
+    t = time.perf_counter()
+    proc.send_signal(signal.SIGINT)
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    assert proc.returncode == 130, (delay, err[-500:])
+    assert time.perf_counter() - t < 10
+    assert "Traceback" not in err and "Exception ignored" not in err, err

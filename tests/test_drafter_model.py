@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 
 from edgespec.drafters.model import ModelDrafter
-from edgespec.engine import Engine, GenerationConfig, collect
+from edgespec.engine import Engine, FixedGamma, GenerationConfig
 from edgespec.errors import EdgeSpecError
 from edgespec.pairing import check_compatible
 from edgespec.runtime import Model
 from edgespec.sampling import SamplingParams
+from edgespec.session import Reply
 from models.derive import derive_pair
 from tests.conftest import run_app
 
@@ -47,9 +48,9 @@ def test_greedy_draft_model_equals_same_path_reference(pair):
     for text in QUESTIONS[:2]:
         prompt = chat(target, text)
         cfg = GenerationConfig(max_tokens=40, min_batch_rows=2)
-        ref = collect(Engine(target, None).generate(prompt, cfg))
+        ref = Reply.collect(Engine(target, None).generate(prompt, cfg))
         for gamma in (2, 5):
-            spec = collect(Engine(target, drafter, gamma).generate(prompt, cfg))
+            spec = Reply.collect(Engine(target, drafter, FixedGamma(gamma)).generate(prompt, cfg))
             assert spec.tokens == ref.tokens
             assert spec.stats.acceptance_rate > 0.5  # same weights, finer quantization: drafts mostly agree
 
@@ -60,7 +61,7 @@ def test_draft_cache_is_rolled_back(pair):
     drafter = ModelDrafter(draft, target)
     prompt = chat(target, QUESTIONS[2])
     context = list(prompt)
-    for ev in Engine(target, drafter, 4).generate(prompt, GenerationConfig(max_tokens=30)):
+    for ev in Engine(target, drafter, FixedGamma(4)).generate(prompt, GenerationConfig(max_tokens=30)):
         context += ev.tokens
         committed = drafter._cached[: drafter._committed]
         assert committed == context[: len(committed)]
@@ -75,7 +76,7 @@ def test_rejection_sampling_accepts_at_least_as_much_as_exact_match(pair):
             for seed in range(3):
                 cfg = GenerationConfig(max_tokens=48, verifier=verifier,
                                        sampling=SamplingParams(temperature=0.8, seed=100 * i + seed))
-                res = collect(Engine(target, ModelDrafter(draft, target), 4).generate(chat(target, text), cfg))
+                res = Reply.collect(Engine(target, ModelDrafter(draft, target), FixedGamma(4)).generate(chat(target, text), cfg))
                 totals[verifier][0] += res.stats.accepted
                 totals[verifier][1] += res.stats.drafted
     rate = {k: a / d for k, (a, d) in totals.items()}
@@ -87,7 +88,7 @@ def test_seeded_sampling_with_a_draft_model_is_reproducible(pair):
     target, draft = pair
     cfg = GenerationConfig(max_tokens=32, sampling=SamplingParams(temperature=0.8, seed=5))
     prompt = chat(target, QUESTIONS[1])
-    a, b = (collect(Engine(target, ModelDrafter(draft, target), 3).generate(prompt, cfg)).tokens for _ in range(2))
+    a, b = (Reply.collect(Engine(target, ModelDrafter(draft, target), FixedGamma(3)).generate(prompt, cfg)).tokens for _ in range(2))
     assert a == b
 
 

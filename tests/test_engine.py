@@ -12,9 +12,10 @@ import threading
 import pytest
 
 from edgespec.drafters.ngram import NgramDrafter
-from edgespec.engine import BONUS, DRAFT, TARGET, Engine, GenerationConfig, collect
+from edgespec.engine import BONUS, DRAFT, TARGET, Engine, FixedGamma, GenerationConfig
 from edgespec.errors import EdgeSpecError
 from edgespec.sampling import SamplingParams
+from edgespec.session import Reply
 
 PROMPTS = [
     "Rewrite this code with type hints:\n\ndef add(a, b):\n    return a + b\n\ndef mul(a, b):\n    return a * b\n\nAnswer:\n",
@@ -39,10 +40,10 @@ def test_greedy_speculative_equals_same_path_reference(model_name, request):
     model = request.getfixturevalue(model_name)
     for text in PROMPTS:
         prompt = encode(model, text)
-        ref = collect(Engine(model, None).generate(prompt, same_path()))
-        assert ref.stats.drafted == 0 and set(ref.token_sources) == {TARGET}
+        ref = Reply.collect(Engine(model, None).generate(prompt, same_path()))
+        assert ref.stats.drafted == 0 and set(ref.sources) == {TARGET}
         for gamma in (1, 4):
-            spec = collect(Engine(model, NgramDrafter(1, 3), gamma).generate(prompt, same_path()))
+            spec = Reply.collect(Engine(model, NgramDrafter(1, 3), FixedGamma(gamma)).generate(prompt, same_path()))
             assert spec.tokens == ref.tokens, f"{model_name} gamma={gamma} prompt={text[:30]!r}"
             assert spec.text == ref.text
             assert spec.stats.target_calls <= ref.stats.target_calls
@@ -50,7 +51,7 @@ def test_greedy_speculative_equals_same_path_reference(model_name, request):
 
 def test_events_account_for_every_token(gemma):
     prompt = encode(gemma, PROMPTS[0])
-    events = list(Engine(gemma, NgramDrafter(), 4).generate(prompt, same_path(64)))
+    events = list(Engine(gemma, NgramDrafter(), FixedGamma(4)).generate(prompt, same_path(64)))
     stats = events[-1].stats
     assert sum(len(e.tokens) for e in events) == stats.generated == 64
     assert sum(e.sources.count(DRAFT) for e in events) == stats.accepted > 0
@@ -67,10 +68,10 @@ def test_events_account_for_every_token(gemma):
 def test_same_seed_same_text(smollm2):
     prompt = encode(smollm2, PROMPTS[2])
     cfg = GenerationConfig(max_tokens=40, sampling=SamplingParams(temperature=0.9, top_p=0.95, seed=7))
-    runs = [collect(Engine(smollm2, NgramDrafter(), 3).generate(prompt, cfg)) for _ in range(2)]
+    runs = [Reply.collect(Engine(smollm2, NgramDrafter(), FixedGamma(3)).generate(prompt, cfg)) for _ in range(2)]
     assert runs[0].tokens == runs[1].tokens
-    other = collect(
-        Engine(smollm2, NgramDrafter(), 3).generate(
+    other = Reply.collect(
+        Engine(smollm2, NgramDrafter(), FixedGamma(3)).generate(
             prompt, GenerationConfig(max_tokens=40, sampling=SamplingParams(temperature=0.9, top_p=0.95, seed=8))
         )
     )
@@ -86,9 +87,9 @@ def test_seeded_sampling_does_not_depend_on_drafting(smollm2):
     sampling = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, seed=3)
     for text in PROMPTS[:2]:
         prompt = encode(model, text)
-        ref = collect(Engine(model, None).generate(prompt, same_path(40, sampling=sampling)))
+        ref = Reply.collect(Engine(model, None).generate(prompt, same_path(40, sampling=sampling)))
         for gamma in (1, 3, 6):
-            spec = collect(Engine(model, NgramDrafter(1, 3), gamma).generate(prompt, same_path(40, sampling=sampling)))
+            spec = Reply.collect(Engine(model, NgramDrafter(1, 3), FixedGamma(gamma)).generate(prompt, same_path(40, sampling=sampling)))
             assert spec.tokens == ref.tokens, f"{model_name} gamma={gamma} prompt={text[:30]!r}"
         assert spec.stats.accepted > 0 or "poem" in text
 
@@ -105,7 +106,7 @@ def test_stop_event_ends_generation(smollm2):
 
 def test_stops_at_end_of_generation(smollm2):
     prompt = encode(smollm2, "What is 2+2? Answer with a number only.")
-    res = collect(Engine(smollm2, NgramDrafter(), 2).generate(prompt, same_path(100)))
+    res = Reply.collect(Engine(smollm2, NgramDrafter(), FixedGamma(2)).generate(prompt, same_path(100)))
     assert res.finish_reason == "eog"
     assert not any(smollm2.is_eog(t) for t in res.tokens)
 
@@ -115,7 +116,7 @@ def test_context_limit(smollm2_path):
 
     m = Model(smollm2_path, n_ctx=256, flash_attn="off")
     prompt = m.tokenize("word " * 200)
-    res = collect(Engine(m, NgramDrafter(), 8).generate(prompt, GenerationConfig(max_tokens=1000)))
+    res = Reply.collect(Engine(m, NgramDrafter(), FixedGamma(8)).generate(prompt, GenerationConfig(max_tokens=1000)))
     assert res.finish_reason == "context"
     assert len(prompt) + len(res.tokens) <= m.n_ctx + 1
     with pytest.raises(EdgeSpecError, match="context holds"):

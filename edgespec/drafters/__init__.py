@@ -1,19 +1,31 @@
-"""Drafters propose tokens for the target to verify. One protocol, one file per way of drafting.
+"""Drafters propose tokens for the target to verify: one protocol, one file per way of drafting,
+and a registry that maps a name to a drafter, so a new drafter is one file plus one line in
+`DRAFTER_MODULES` (or, for a plug-in outside this package, a module named in EDGESPEC_DRAFTERS).
 
 A drafter sees only committed tokens (prompt + accepted output), so rejected guesses never leak
-into its state; a stateful drafter (a draft model with its own KV cache) rolls itself back in
-`propose` by comparing the context it is given with the one it cached.
+into its state; `commit` tells it after every step what is committed now, and a stateful drafter
+(a draft model with its own KV cache) rolls itself back to that.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import importlib
+import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from edgespec.errors import EdgeSpecError
 from edgespec.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from edgespec.loader import RuntimeOptions
+    from edgespec.runtime import Model
+
+# The drafters that ship with EdgeSpec; each module registers itself with `register` on import.
+DRAFTER_MODULES = ("edgespec.drafters.ngram", "edgespec.drafters.model")
 
 
 @dataclass
@@ -37,17 +49,96 @@ class Draft:
 
 
 class Drafter(Protocol):
-    name: str
+    """What the engine calls, in this order: begin once per generation; then per step hint (before
+    gamma is chosen), propose (when gamma > 0) and commit (after verification); close at the end of
+    the drafter's life."""
+
+    name: str  # shown in stats and token provenance ('ngram', 'model:<description>', ...)
 
     def begin(self, prompt: Sequence[int], sampling: SamplingParams) -> None:
         """A new generation starts from `prompt`, sampled with `sampling` (drafters that sample
         must use the same settings so that q is processed like p)."""
 
-    def propose(self, context: Sequence[int], gamma: int) -> Draft:
-        """Propose up to `gamma` tokens to follow `context` (prompt + committed output).
+    def hint(self, context: Sequence[int]) -> int | None:
+        """What the drafter knows cheaply about its next proposal, for gamma auto to keep
+        acceptance per context: 0 = nothing to propose, a positive size class (the n-gram drafter's
+        matched length), or None when it cannot tell."""
 
-        A drafter that can tell cheaply how promising its next draft is may also define
-        `hint(context) -> int` (0: nothing to propose); gamma auto keeps acceptance per hint."""
+    def propose(self, context: Sequence[int], gamma: int) -> Draft:
+        """Propose up to `gamma` tokens to follow `context` (prompt + committed output)."""
+
+    def commit(self, context: Sequence[int], n_accepted: int) -> None:
+        """The target accepted `n_accepted` tokens of the last proposal; `context` is everything
+        committed now. Drop state that depended on rejected tokens."""
+
+    def draft_cost_s(self) -> float:
+        """Seconds to draft one token on this machine (0 for a lookup), for the cost model's c."""
 
     def close(self) -> None:
-        """Release resources (models, contexts)."""
+        """Release resources (models, contexts, sessions)."""
+
+
+@dataclass(frozen=True)
+class DraftContext:
+    """What building a drafter may use: the target it drafts for, how models are loaded, and the
+    argument after the drafter's name (`--draft NAME:ARG`)."""
+
+    target: Model
+    opts: RuntimeOptions
+    arg: str = ""
+    ngram: tuple[int, int] = (1, 16)
+
+
+@dataclass(frozen=True)
+class DrafterKind:
+    name: str
+    summary: str
+    build: Callable[[DraftContext], Drafter]
+    takes_model: bool = False  # ARG names a model file (draft model, learned drafter)
+
+
+_REGISTRY: dict[str, DrafterKind] = {}
+
+
+def register(name: str, summary: str, takes_model: bool = False) -> Callable:
+    """Decorator for a function DraftContext -> Drafter: makes `--draft NAME[:ARG]` build it."""
+
+    def deco(build: Callable[[DraftContext], Drafter]) -> Callable[[DraftContext], Drafter]:
+        _REGISTRY[name] = DrafterKind(name, summary, build, takes_model)
+        return build
+
+    return deco
+
+
+def kinds() -> dict[str, DrafterKind]:
+    """Every registered drafter kind (built-in modules and EDGESPEC_DRAFTERS plug-ins), by name."""
+    extra = [m for m in os.environ.get("EDGESPEC_DRAFTERS", "").split(",") if m.strip()]
+    for mod in (*DRAFTER_MODULES, *extra):
+        try:
+            importlib.import_module(mod.strip())
+        except ImportError as exc:
+            raise EdgeSpecError(f"cannot load drafter module {mod.strip()!r}: {exc}") from None
+    return dict(_REGISTRY)
+
+
+def split_spec(spec: str) -> tuple[str, str]:
+    """'none' | 'NAME' | 'NAME:ARG' | a model name or path (short for 'model:PATH') -> (kind, arg)."""
+    spec = (spec or "none").strip()
+    known = kinds()
+    name, sep, arg = spec.partition(":")
+    if spec == "none":
+        return "none", ""
+    if name in known:
+        return name, arg.strip()
+    return "model", spec  # a .gguf path, a bundled/catalog name or hf:ORG/REPO
+
+
+def build(spec: str, ctx_target: Model, opts: RuntimeOptions, ngram: tuple[int, int] = (1, 16)) -> Drafter | None:
+    """The drafter `spec` names, built for `ctx_target`; None for 'none' (plain decoding)."""
+    kind, arg = split_spec(spec)
+    if kind == "none":
+        return None
+    k = kinds()[kind]
+    if k.takes_model and not arg:
+        raise EdgeSpecError(f"drafter {kind!r} needs a model: --draft {kind}:PATH_OR_NAME")
+    return k.build(DraftContext(ctx_target, opts, arg, ngram))

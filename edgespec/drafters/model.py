@@ -16,7 +16,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edgespec.drafters import Draft
+from edgespec import costs
+from edgespec.drafters import Draft, DraftContext, register
+from edgespec.loader import load_model
 from edgespec.pairing import check_compatible, size_warning
 from edgespec.runtime import Model
 from edgespec.sampling import DRAFT, Noise, SamplingParams, process, sample
@@ -41,12 +43,6 @@ class ModelDrafter:
         self._sampling = SamplingParams()
         self._noise = Noise(None)
 
-    @classmethod
-    def load(cls, spec: str, target: Model, opts) -> ModelDrafter:
-        from edgespec.factory import load_model
-
-        return cls(load_model(spec, opts), target)
-
     def begin(self, prompt: Sequence[int], sampling: SamplingParams) -> None:
         # Same sampling settings as the target (standardized sampling); the draft's draws are keyed
         # by the seed and the token position, so a seeded generation is reproducible.
@@ -68,6 +64,15 @@ class ModelDrafter:
             n += 1
         self.draft.truncate(n)
         del self._cached[n:]
+
+    def hint(self, context: Sequence[int]) -> int | None:
+        return None  # nothing cheap to tell before drafting
+
+    def commit(self, context: Sequence[int], n_accepted: int) -> None:
+        self._sync(context)
+
+    def draft_cost_s(self) -> float:
+        return costs.profile(self.draft, [1]).pass_s[1]
 
     def propose(self, context: Sequence[int], gamma: int) -> Draft:
         if gamma <= 0:
@@ -105,6 +110,12 @@ class ModelDrafter:
 
     def close(self) -> None:
         self.draft.close()
+
+
+@register("model", "a small GGUF model with the target's vocabulary (--draft model:PATH_OR_NAME, or just the name)",
+          takes_model=True)
+def _build(ctx: DraftContext) -> ModelDrafter:
+    return ModelDrafter(load_model(ctx.arg, ctx.opts), ctx.target)
 
 
 def _top_prob(logits: np.ndarray) -> float:

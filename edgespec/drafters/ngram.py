@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edgespec.drafters import Draft
+from edgespec.drafters import Draft, DraftContext, register
 from edgespec.errors import EdgeSpecError
 from edgespec.sampling import SamplingParams
 
@@ -89,8 +89,19 @@ class NgramDrafter:
             return Draft()
         return Draft(np.asarray(self._tokens[pos : pos + gamma], dtype=np.int32))
 
+    def commit(self, context: Sequence[int], n_accepted: int) -> None:
+        self._extend(context)
+
+    def draft_cost_s(self) -> float:
+        return 0.0  # a dictionary lookup: nothing next to a target pass
+
     def close(self) -> None:
         self._tokens, self._index, self._found = [], {}, None
+
+
+@register("ngram", "prompt lookup: copies what followed the longest recurring n-gram (--ngram MIN,MAX)")
+def _build(ctx: DraftContext) -> NgramDrafter:
+    return NgramDrafter(*ctx.ngram)
 
 
 def ngram_sizes(n_min: int, n_max: int) -> tuple[int, ...]:

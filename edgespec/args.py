@@ -1,0 +1,58 @@
+"""Command-line arguments shared by `python app.py` and `python app.py bench`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import NoReturn
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a bad argument as one line, not usage plus error."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def add_runtime_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--ctx", type=int, default=4096, help="context size in tokens (default 4096, at least 256)")
+    ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: all available cores)")
+    ap.add_argument("--flash-attn", choices=["auto", "on", "off"], default="auto")
+    ap.add_argument(
+        "--exact",
+        action="store_true",
+        help="exact mode: llamafile-off kernels, flash attention off, drafts capped at the batch sizes probed to "
+        "give the same logits as single-token decoding; greedy output then equals plain decoding (see README)",
+    )
+
+
+def add_generation_args(ap: argparse.ArgumentParser) -> None:
+    from edgespec.drafters import kinds
+    from edgespec.session import FRAMINGS
+
+    names = " | ".join(["none", *kinds()])
+    ap.add_argument("--target", default=None, help="target model: .gguf path or name (default smollm2-135m)")
+    ap.add_argument("--draft", default="ngram", help=f"{names}[:ARG] | a draft model path or name (default ngram)")
+    ap.add_argument("--gamma", default="auto", help="draft length per step: a number, or auto (default)")
+    ap.add_argument("--ngram", default="1,16", help="n-gram sizes for the ngram drafter as MIN,MAX (default 1,16)")
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    ap.add_argument("--top-k", type=int, default=0)
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--min-p", type=float, default=0.0)
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument(
+        "--verifier",
+        choices=["rejection", "match"],
+        default="rejection",
+        help="at temperature > 0: modified rejection sampling (default) or exact match of the target's own sample",
+    )
+    ap.add_argument("--framing", choices=FRAMINGS, default="auto",
+                    help="how the prompt is fed: auto (chat template if the model has one, else raw), chat, "
+                    "transcript, qa or raw")
+    ap.add_argument("--chat", action="store_true", help="same as --framing chat")
+    ap.add_argument("--raw", action="store_true", help="same as --framing raw (plain completion)")
+    ap.add_argument("--system", default=None, help="system message (chat or transcript framing)")
+    ap.add_argument("--stop", action="append", default=None, help="stop before this string (repeatable)")
+    add_runtime_args(ap)

@@ -1,0 +1,289 @@
+"""The one cost model: what a target pass over K rows costs on this machine, what drafting costs,
+and the speedup those predict. gamma auto plans with it, the live UI panel and the bench report
+read it; nothing else measures or extrapolates T(K).
+
+    T(K)   seconds of one target pass over K rows (T(K)/T(1) is the verification cost)
+    c      seconds to draft one token / T(1)
+    S      (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + T(gamma+1)/T(1)))   (theory.walltime_speedup)
+
+T(K) comes from a stored profile, measured the first time a model runs with a given set-up and
+kept under ~/.cache/edgespec/profiles. A profile measured afresh in every process would differ a
+little from run to run, and gamma auto's draft lengths with it; stored, the same command gives the
+same text. The key holds everything the costs depend on: the weights file, threads, flash
+attention, weight repacking, the llama.cpp build, the CPU kernel variant and the processor, so a
+profile measured on one CPU is never used on another.
+
+A profile measured while something else loaded the machine is wrong for as long as it is kept, so
+it is checked against the single-token passes every generation times anyway (`check_t1`), and
+measured again when stored T(1) is clearly slower than what the machine does now.
+
+In exact mode the profile also holds how many rows a pass may have and still give bit-identical
+logits to single-token decoding (`max_rows`, probed on a real text); drafts are capped to that.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from edgespec import runtime
+from edgespec.runtime import Model
+from edgespec.theory import expected_tokens, walltime_speedup
+
+K_MAX = 17  # rows profiled: a draft of up to 16 tokens plus the last committed token
+STALE_FACTOR = 1.25  # stored T(1) this much slower than observed single-token passes: re-measure
+MIN_OBSERVED = 8  # single-token passes needed before a profile is judged
+# A real paragraph for the batch-invariance probe (positions in real text, not a repeated phrase).
+PROBE_TEXT = (
+    "The lighthouse keeper climbed the spiral stairs every evening at dusk, counting the steps out of "
+    "habit rather than need. At the top he trimmed the wick, polished the great lens with a soft cloth, "
+    "and wrote the weather in a ledger that nobody had read for thirty years. Ships no longer relied on "
+    "his light; satellites told them where the rocks were. Still, on foggy nights, a fishing boat would "
+    "sometimes sound its horn as it passed, two short blasts and a long one, and he liked to think it was "
+    "a greeting. In the winter the storms came from the north-west and the spray reached the gallery "
+    "windows, leaving salt crusted on the glass that took him a whole morning to scrub away."
+)
+
+
+def profile_dir() -> Path:
+    """EDGESPEC_PROFILES, else EDGESPEC_CACHE/profiles, else ~/.cache/edgespec/profiles."""
+    if os.environ.get("EDGESPEC_PROFILES"):
+        return Path(os.environ["EDGESPEC_PROFILES"])
+    return Path(os.environ.get("EDGESPEC_CACHE", Path.home() / ".cache" / "edgespec")) / "profiles"
+
+
+def measure_pass_costs(model: Model, rows: Sequence[int], repeats: int = 3) -> dict[int, float]:
+    """Median seconds of one pass over K rows (logits on every row), for K in `rows`.
+
+    Decodes filler tokens from position 0 and clears the cache afterwards. Row counts are
+    interleaved across repeats so that machine noise hits them alike.
+    """
+    filler = model.tokenize(" the quick brown fox jumps over the lazy dog" * 8, add_special=False)
+    times: dict[int, list[float]] = {k: [] for k in rows}
+    for _ in range(repeats + 1):  # the first round warms caches and is discarded
+        for k in rows:
+            model.reset()
+            t = time.perf_counter()
+            model.decode(filler[:k], n_logits=k)
+            times[k].append(time.perf_counter() - t)
+    model.reset()
+    return {k: float(np.median(v[1:])) for k, v in times.items()}
+
+
+def probe_batch_invariance(model: Model, max_rows: int = K_MAX, contexts: Sequence[int] = (24, 96)) -> int:
+    """Largest K such that passes of 2..K rows give logits bit-identical to decoding the same
+    tokens one at a time (1 if not even 2 rows do), after `contexts` tokens of real text."""
+    toks = model.tokenize(PROBE_TEXT, add_special=True)
+    best = max_rows
+    for n_ctx in contexts:
+        n_ctx = min(n_ctx, len(toks) - max_rows)
+        model.reset()
+        model.decode(toks[:n_ctx], n_logits=0)
+        singles = np.stack([np.array(model.decode([toks[n_ctx + i]], n_logits=1)[0]) for i in range(max_rows)])
+        for k in range(2, best + 1):
+            model.truncate(n_ctx)
+            if not np.array_equal(model.decode(toks[n_ctx : n_ctx + k], n_logits=k), singles[:k]):
+                best = k - 1
+                break
+    model.reset()
+    return best
+
+
+def _key(model: Model) -> str:
+    """What the costs depend on: the weights file, how it is run, the build, the kernels and the CPU."""
+    st = os.stat(model.path)
+    be = runtime.backend_info()
+    parts = [
+        os.path.realpath(model.path), st.st_size, st.st_mtime_ns,
+        model.n_threads, model.flash_attn, model.repack,
+        getattr(runtime.lib(), "__version__", ""), be.mode, be.variant, be.module, be.cpu.signature,
+        sorted(os.sched_getaffinity(0)),
+    ]
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
+
+
+def profile_path(model: Model) -> Path:
+    return profile_dir() / f"{Path(model.path).stem}-{_key(model)}.json"
+
+
+@dataclass
+class Profile:
+    """What is stored for one model and set-up."""
+
+    pass_s: dict[int, float] = field(default_factory=dict)
+    max_rows: int | None = None  # exact mode: rows proven batch-invariant; None when not probed
+
+    @classmethod
+    def read(cls, path: Path) -> Profile | None:
+        if os.environ.get("EDGESPEC_RECALIBRATE") == "1":
+            return None
+        try:
+            data = json.loads(path.read_text())
+            if data.get("stale"):
+                return None
+            mr = data.get("max_rows")
+            return cls({int(k): float(v) for k, v in data["pass_s"].items()}, None if mr is None else int(mr))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None  # missing or unreadable: measure again
+
+    def write(self, path: Path, model: Model) -> None:
+        be = runtime.backend_info()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({
+                "model": model.path, "threads": model.n_threads, "flash_attn": model.flash_attn,
+                "repack": model.repack, "mode": be.mode, "cpu_variant": be.variant, "cpu": be.cpu.model,
+                "measured": time.strftime("%Y-%m-%d %H:%M:%S"), "max_rows": self.max_rows,
+                "pass_s": {str(k): v for k, v in sorted(self.pass_s.items())},
+            }, indent=1))
+            tmp.replace(path)
+        except OSError:
+            pass  # a read-only cache only costs a re-measurement next time
+
+
+# model -> its profile, so a process reads or measures it once per model (weak: a closed model's
+# entry goes with it, and a new model never inherits it)
+_loaded: weakref.WeakKeyDictionary[Model, Profile] = weakref.WeakKeyDictionary()
+
+
+def profile(model: Model, rows: Sequence[int] = tuple(range(1, K_MAX + 1))) -> Profile:
+    """The stored profile of `model` with T(K) for every K in `rows` (measured and stored if missing;
+    in exact mode the batch-invariance probe too)."""
+    prof = _loaded.get(model)
+    path = profile_path(model)
+    if prof is None:
+        prof = Profile.read(path) or Profile()
+    missing = sorted(set(rows) - set(prof.pass_s))
+    probe = runtime.mode() == "exact" and prof.max_rows is None
+    if missing or probe:
+        if missing:
+            prof.pass_s.update(measure_pass_costs(model, missing))
+        if probe:
+            prof.max_rows = probe_batch_invariance(model)
+        prof.write(path, model)
+    _loaded[model] = prof
+    return prof
+
+
+def forget(model: Model) -> None:
+    """Mark the stored profile stale: the next use measures it again."""
+    _loaded.pop(model, None)
+    path = profile_path(model)
+    try:
+        data = json.loads(path.read_text())
+        data["stale"] = True
+        path.write_text(json.dumps(data, indent=1))
+    except (OSError, ValueError):
+        pass
+
+
+class CostModel:
+    """T(K) for K = 1..k_max+1, c and the predicted speedup. Built from the stored profile by
+    `for_target`, or from given costs (tests, what-if predictions)."""
+
+    def __init__(self, pass_s: dict[int, float], c: float = 0.0, max_rows: int | None = None,
+                 gamma_max: int = K_MAX - 1) -> None:
+        """pass_s: seconds for some row counts (must include 1); linear in between and extended
+        beyond the largest along the last segment's slope."""
+        if 1 not in pass_s:
+            raise ValueError("pass_s needs T(1)")
+        self.gamma_max = gamma_max
+        ks = np.array(sorted(pass_s))
+        ts = np.array([pass_s[k] for k in ks])
+        rows = np.arange(gamma_max + 2)
+        if ks.size == 1:
+            table = ts[0] * np.maximum(rows, 1)  # cost linear in rows: the worst case
+        else:
+            table = np.interp(rows, ks, ts)
+            slope = max((ts[-1] - ts[-2]) / (ks[-1] - ks[-2]), 0.0)
+            beyond = rows > ks[-1]
+            table[beyond] = ts[-1] + slope * (rows[beyond] - ks[-1])
+        self._table = table  # [gamma_max + 2] seconds, index = rows
+        self._slope = float(table[-1] - table[-2]) if table.size > 2 else float(table[-1])
+        self.c = float(c)
+        self.max_rows = max_rows
+
+    @classmethod
+    def for_target(cls, target: Model, draft_cost_s: float = 0.0, gamma_max: int = K_MAX - 1) -> CostModel:
+        """From the stored profile of `target`; draft_cost_s = seconds to draft one token."""
+        prof = profile(target, range(1, gamma_max + 2))
+        t1 = prof.pass_s[1]
+        return cls(prof.pass_s, draft_cost_s / t1, prof.max_rows if runtime.mode() == "exact" else None, gamma_max)
+
+    def seconds(self, rows: int) -> float:
+        """T(rows): seconds of one target pass over `rows` rows (beyond the table, along its last slope)."""
+        rows = max(rows, 1)
+        last = self.gamma_max + 1
+        if rows <= last:
+            return float(self._table[rows])
+        return float(self._table[last] + self._slope * (rows - last))
+
+    def t_ratio(self, rows: int) -> float:
+        """T(rows)/T(1), the verification cost in single-token passes."""
+        return self.seconds(rows) / self.seconds(1)
+
+    @property
+    def draft_cap(self) -> int | None:
+        """Longest draft a pass may verify in exact mode (rows proven batch-invariant, minus one);
+        None when drafts are not capped."""
+        return None if self.max_rows is None else max(0, self.max_rows - 1)
+
+    def speedup(self, alpha: float, gamma: int, c: float | None = None) -> float:
+        """Predicted speedup over plain decoding of drafting `gamma` tokens at acceptance alpha."""
+        if gamma <= 0:
+            return 1.0
+        return walltime_speedup(alpha, gamma, self.c if c is None else c, self.t_ratio(gamma + 1))
+
+    def best_gamma(self, alpha: float, gamma_max: int | None = None, c: float | None = None) -> tuple[int, float]:
+        """The draft length in [0, min(gamma_max, draft_cap)] with the highest predicted speedup."""
+        cap = self.gamma_max if gamma_max is None else gamma_max
+        if self.draft_cap is not None:
+            cap = min(cap, self.draft_cap)
+        best, best_s = 0, 1.0
+        for g in range(1, cap + 1):
+            s = self.speedup(alpha, g, c)
+            if s > best_s:
+                best, best_s = g, s
+        return best, best_s
+
+    def predicted_for(self, gamma_hist: dict[int, int], alpha: float, draft_s: float, drafted: int) -> float:
+        """What the paper's formula predicts for a run's draft lengths: each step that drafted k
+        tokens yields E(alpha, k) tokens and costs k c + T(k+1)/T(1) single-token passes, so
+        S = sum n_k E(alpha, k) / sum n_k (k c + T(k+1)/T(1)); c here is the run's measured
+        drafting time per token over T(1)."""
+        if not gamma_hist:
+            return 1.0
+        c = draft_s / drafted / self.seconds(1) if drafted else self.c
+        tokens = sum(n * expected_tokens(alpha, k) for k, n in gamma_hist.items())
+        cost = sum(n * (k * c + self.t_ratio(k + 1)) for k, n in gamma_hist.items())
+        return tokens / cost
+
+    def measured_speedup(self, tokens: int, calls: int, seconds: float, t1: float | None = None) -> float:
+        """Speedup that happened: tokens/s over the plain rate 1/T(1). T(1) is what a single-token
+        pass cost while generating (`t1`, median of the plain steps) when known, else the profile's;
+        either way no more than a step took on average (a pass never costs less than one row), so
+        a generation is never credited with more than its tokens per target call."""
+        if calls == 0 or seconds <= 0:
+            return 0.0
+        t_plain = min(self.seconds(1) if t1 is None else t1, seconds / calls)
+        return tokens / seconds * t_plain
+
+    def check_t1(self, target: Model, observed_s: Sequence[float]) -> bool:
+        """Judge the stored profile by the single-token passes a generation timed. If stored T(1)
+        is STALE_FACTOR slower than their median, it was measured on a loaded machine: forget it
+        (the next generation measures again). Returns True when it was forgotten."""
+        if len(observed_s) < MIN_OBSERVED:
+            return False
+        if self.seconds(1) > STALE_FACTOR * float(np.median(observed_s)):
+            forget(target)
+            return True
+        return False

@@ -1,0 +1,66 @@
+"""Load a model that a user names (a .gguf path, a bundled or catalog name, hf:ORG/REPO) with the
+runtime options of this process: context size, threads, flash attention, fast or exact kernels."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from edgespec import runtime
+from edgespec.errors import EdgeSpecError
+from edgespec.runtime import FlashAttn, Model
+
+MIN_CTX = 256  # below this llama.cpp rounds the context up anyway (its minimum padding)
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """How models are loaded. `exact` selects the llamafile-off kernels, flash attention off and
+    no weight repacking: single-token and batched decoding then agree bit for bit on F16 and
+    Q8_0/Q4_0/Q4_1 weights, and drafts are capped at the row counts probed to agree (README,
+    "Exactness")."""
+
+    n_ctx: int = 4096
+    n_threads: int | None = None
+    flash_attn: FlashAttn = "auto"
+    exact: bool = False
+
+    def __post_init__(self) -> None:
+        if self.n_ctx < MIN_CTX:
+            raise EdgeSpecError(f"context size must be >= {MIN_CTX} tokens (llama.cpp's minimum), got {self.n_ctx}")
+        if self.n_threads is not None and self.n_threads < 1:
+            raise EdgeSpecError(f"threads must be >= 1, got {self.n_threads}")
+        if self.flash_attn not in ("auto", "on", "off"):
+            raise EdgeSpecError(f"flash attention must be auto, on or off, got {self.flash_attn!r}")
+        if self.exact and self.flash_attn == "on":
+            raise EdgeSpecError("--exact turns flash attention off (its batched path changes the arithmetic); "
+                                "drop --flash-attn on")
+
+
+def prepare_runtime(opts: RuntimeOptions) -> None:
+    """Choose fast or exact kernels before the first model loads."""
+    runtime.set_mode("exact" if opts.exact else "fast")
+    if opts.exact and runtime.llamafile_enabled():
+        raise EdgeSpecError("the exact-mode kernels were built with llamafile on; re-run scripts/setup.sh")
+
+
+def load_model(
+    name: str,
+    opts: RuntimeOptions,
+    progress: Callable[[float], None] | None = None,
+    download_progress: Callable[[int, int], None] | None = None,
+) -> Model:
+    """Resolve `name` (downloading a catalog or hf: model if needed) and load it.
+    progress(fraction) follows llama.cpp's loading; download_progress(done, total) a download."""
+    from models import resolve
+
+    prepare_runtime(opts)
+    path = resolve(name, download_progress)
+    return Model(
+        path,
+        n_ctx=opts.n_ctx,
+        n_threads=opts.n_threads,
+        flash_attn="off" if opts.exact else opts.flash_attn,
+        repack=not opts.exact,
+        progress=progress,
+    )

@@ -1,0 +1,381 @@
+"""The session layer, between the engine and its consumers (CLI, web UI, bench, server).
+
+Every consumer does the same three things, here and nowhere else:
+  1. build a `Request` (prompt or conversation, framing, drafter, gamma, sampling) - from command
+     line arguments with `Request.from_args`, or field by field from UI controls or a bench row;
+  2. run it on a `Session` (a loaded target plus the drafters loaded against it): `frame` turns
+     the request into tokens, the drafter registry builds the drafter, the one cost model
+     (`edgespec.costs`) plans gamma auto and caps exact-mode drafts;
+  3. fold the `StepEvent`s into a `Reply`: text, tokens and their sources, finish reason, the
+     engine's counters, the two acceptance figures, predicted and measured speedup. `--json`
+     prints `Reply.to_dict()`; the UI and the bench read the same fields.
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from edgespec import drafters as registry
+from edgespec import runtime
+from edgespec.adaptive import AutoGamma
+from edgespec.costs import CostModel
+from edgespec.drafters import Drafter
+from edgespec.engine import DRAFT, Engine, FixedGamma, GammaPolicy, GenerationConfig, Stats, StepEvent
+from edgespec.errors import EdgeSpecError
+from edgespec.loader import RuntimeOptions, load_model
+from edgespec.runtime import Model
+from edgespec.sampling import SamplingParams
+
+MAX_GAMMA = 64  # a step verifies at most this many drafts (one llama.cpp batch holds 512 rows)
+# How a prompt becomes tokens (`frame`):
+#   chat        the model's own chat template from its GGUF metadata
+#   transcript  "User: ... / Assistant: ..." lines, for base models asked to chat
+#   qa          "Question: ...\nAnswer:", for base models asked a single question (the bench)
+#   raw         the text as is (completion)
+#   auto        chat when the model has a template; else transcript for a conversation, raw for a text
+FRAMINGS = ("auto", "chat", "transcript", "qa", "raw")
+QA_FRAME = "Question: {prompt}\nAnswer:"
+TRANSCRIPT_STOP = "\nUser:"
+
+
+def parse_gamma(value: str | int) -> GammaPolicy:
+    """'auto' -> AutoGamma; a whole number 0..MAX_GAMMA -> FixedGamma."""
+    text = str(value).strip().lower()
+    if text == "auto":
+        return AutoGamma()
+    try:
+        g = int(text)
+    except ValueError:
+        raise EdgeSpecError(f"gamma must be a whole number >= 0 or 'auto', got {value!r}") from None
+    if g > MAX_GAMMA:
+        raise EdgeSpecError(f"gamma {g} is more than a step can verify (at most {MAX_GAMMA}); try auto")
+    return FixedGamma(g)
+
+
+def parse_ngram(text: str) -> tuple[int, int]:
+    try:
+        lo, hi = (int(x) for x in str(text).split(","))
+    except ValueError:
+        raise EdgeSpecError(f"--ngram wants MIN,MAX (e.g. 1,4), got {text!r}") from None
+    if not 1 <= lo <= hi:
+        raise EdgeSpecError(f"n-gram sizes need 1 <= MIN <= MAX, got {lo},{hi}")
+    return lo, hi
+
+
+@dataclass
+class Request:
+    """One generation, as any consumer asks for it. Exactly one of `text` and `messages`."""
+
+    text: str | None = None
+    messages: list[dict[str, str]] | None = None  # conversation ending with the user's turn
+    system: str | None = None
+    framing: str = "auto"
+    draft: str = "ngram"  # 'none' | a registered drafter name[:ARG] | a draft model name or path
+    gamma: str = "auto"
+    ngram: tuple[int, int] = (1, 16)
+    max_tokens: int = 256
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    verifier: str = "rejection"
+    stop: tuple[str, ...] = ()  # generation ends before any of these strings
+
+    def __post_init__(self) -> None:
+        if (self.text is None) == (self.messages is None):
+            raise EdgeSpecError("a request needs a prompt text or a conversation (one of them)")
+        if self.text is not None and not self.text.strip():
+            raise EdgeSpecError("the prompt is empty")
+        if self.messages is not None:
+            if not self.messages or self.messages[-1].get("role") != "user":
+                raise EdgeSpecError("a conversation must end with the user's message")
+            if not str(self.messages[-1].get("content", "")).strip():
+                raise EdgeSpecError("the message is empty")
+        if self.framing not in FRAMINGS:
+            raise EdgeSpecError(f"framing must be one of {', '.join(FRAMINGS)}, got {self.framing!r}")
+        if self.system and self.framing in ("qa", "raw"):
+            raise EdgeSpecError(f"a system message needs chat framing; {self.framing} framing has no place for it")
+        if any(not s for s in self.stop):
+            raise EdgeSpecError("stop strings must not be empty")
+        self.policy()  # a bad gamma fails here, as one line
+        GenerationConfig(max_tokens=self.max_tokens, sampling=self.sampling, verifier=self.verifier)
+
+    def policy(self) -> GammaPolicy:
+        """A fresh gamma policy (no learning carried over from another generation)."""
+        return parse_gamma(self.gamma)
+
+    def config(self) -> GenerationConfig:
+        return GenerationConfig(max_tokens=self.max_tokens, sampling=self.sampling, verifier=self.verifier)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, text: str) -> Request:
+        """From the command line's generation arguments (`cli.add_generation_args`)."""
+        framing = args.framing
+        if args.chat and args.raw:
+            raise EdgeSpecError("give --chat or --raw, not both")
+        if args.chat or args.raw:
+            if framing != "auto":
+                raise EdgeSpecError("--chat and --raw are short for --framing chat|raw; give one of them")
+            framing = "chat" if args.chat else "raw"
+        return cls(
+            text=text,
+            system=args.system,
+            framing=framing,
+            draft=args.draft,
+            gamma=args.gamma,
+            ngram=parse_ngram(args.ngram),
+            max_tokens=args.max_tokens,
+            sampling=SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed),
+            verifier=args.verifier,
+            stop=tuple(args.stop or ()),
+        )
+
+
+def runtime_options(args: argparse.Namespace) -> RuntimeOptions:
+    return RuntimeOptions(n_ctx=args.ctx, n_threads=args.threads, flash_attn=args.flash_attn, exact=args.exact)
+
+
+@dataclass
+class Framed:
+    tokens: list[int]
+    framing: str  # what 'auto' resolved to
+    stop: tuple[str, ...]  # stop strings the framing adds
+
+
+def frame(model: Model, req: Request) -> Framed:
+    """The one place a request's text or conversation becomes the target's tokens."""
+    framing = req.framing
+    has_template = model.chat_template() is not None
+    if framing == "auto":
+        framing = "chat" if has_template else ("transcript" if req.messages is not None else "raw")
+    messages = req.messages if req.messages is not None else [{"role": "user", "content": req.text or ""}]
+    if req.system and framing in ("qa", "raw"):
+        raise EdgeSpecError(
+            f"a system message needs chat or transcript framing; {Path(model.path).name} is fed {framing} text "
+            "(add --framing transcript)"
+        )
+    if framing == "chat":
+        if not has_template:
+            raise EdgeSpecError(
+                f"{Path(model.path).name} has no chat template in its metadata (a base model); "
+                "use framing transcript, qa or raw"
+            )
+        msgs = ([{"role": "system", "content": req.system}] if req.system else []) + list(messages)
+        rendered = model.apply_chat_template(msgs)
+        return Framed(model.tokenize(rendered, add_special=True, parse_special=True), framing, ())
+    if framing == "transcript":
+        lines = [req.system.strip(), ""] if req.system else []
+        for m in messages:
+            who = "User" if m["role"] == "user" else "Assistant"
+            lines.append(f"{who}: {m['content'].strip()}")
+        text = "\n".join(lines) + "\nAssistant:"
+        return Framed(model.tokenize(text, add_special=True), framing, (TRANSCRIPT_STOP,))
+    if req.messages is not None and len(req.messages) > 1:
+        raise EdgeSpecError(f"{framing} framing takes one prompt, not a conversation; use chat or transcript")
+    text = messages[-1]["content"]
+    if framing == "qa":
+        text = QA_FRAME.format(prompt=text)
+    return Framed(model.tokenize(text, add_special=True), framing, ())
+
+
+class StopStrings:
+    """Ends a generation before any stop string, holding back text that might be the start of one
+    so a consumer never shows it. Works on whole tokens: a token that completes a stop string is
+    dropped with everything after it."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = tuple(stops)
+        self.longest = max((len(s) for s in self.stops), default=0)
+        self.text = ""  # everything released so far
+        self._held: list[tuple[int, str, str]] = []  # (token, source, piece) not yet released
+
+    def push(self, ev: StepEvent) -> tuple[list[tuple[int, str, str]], bool]:
+        """Tokens of `ev` that can be shown now, and whether a stop string was hit."""
+        self._held.extend(zip(ev.tokens, ev.sources, ev.pieces, strict=True))
+        pending = "".join(p for _, _, p in self._held)
+        window = self.text + pending
+        hits = [window.find(s, max(0, len(self.text) - self.longest)) for s in self.stops]
+        hits = [h for h in hits if h >= 0]
+        if hits:
+            cut = min(hits)  # release whole tokens that end at or before the stop string
+            out, end = [], len(self.text)
+            for item in self._held:
+                if end + len(item[2]) > cut:
+                    break
+                out.append(item)
+                end += len(item[2])
+            self._held = []
+            self.text += "".join(p for _, _, p in out)
+            return out, True
+        if ev.done:
+            out, self._held = self._held, []
+        else:
+            keep = 0  # hold back the longest suffix that is a prefix of a stop string
+            for s in self.stops:
+                for n in range(min(len(s) - 1, len(window)), 0, -1):
+                    if window.endswith(s[:n]):
+                        keep = max(keep, n)
+                        break
+            out, tail = [], 0
+            for i in range(len(self._held) - 1, -1, -1):
+                if tail >= keep:
+                    out = self._held[: i + 1]
+                    self._held = self._held[i + 1 :]
+                    break
+                tail += len(self._held[i][2])
+            else:
+                out = []
+        self.text += "".join(p for _, _, p in out)
+        return out, False
+
+
+@dataclass
+class Reply:
+    """The fold of one generation's events: what every consumer shows and `--json` prints."""
+
+    text: str = ""
+    tokens: list[int] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)  # per token: 'draft' | 'target' | 'bonus'
+    pieces: list[str] = field(default_factory=list)  # per token: the text it completed
+    finish_reason: str | None = None  # 'eog' | 'length' | 'context' | 'stop' | 'stopped' | 'interrupted'
+    stats: Stats = field(default_factory=Stats)
+    framing: str = ""
+    drafter: str = "none"
+    gamma: str = "0"
+    policy: dict = field(default_factory=dict)
+    costs: CostModel | None = None
+    target: str = ""
+
+    def add(self, tokens: Sequence[int], sources: Sequence[str], pieces: Sequence[str], stats: Stats,
+            finish: str | None) -> None:
+        self.tokens.extend(tokens)
+        self.sources.extend(sources)
+        self.pieces.extend(pieces)
+        self.text += "".join(pieces)
+        self.stats = stats
+        if finish is not None:
+            self.finish_reason = finish
+
+    @classmethod
+    def collect(cls, events: Iterator[StepEvent]) -> Reply:
+        """Run a generation to the end and fold its events (engine-level use, tests)."""
+        r = cls()
+        for ev in events:
+            r.add(ev.tokens, ev.sources, ev.pieces, ev.stats, ev.finish_reason)
+        return r
+
+    # Speedups: both from the one cost model.
+    @property
+    def predicted_speedup(self) -> float | None:
+        """What the paper's formula predicts for this run's draft lengths at its measured alpha."""
+        if self.costs is None or not self.stats.target_calls:
+            return None
+        return self.costs.predicted_for(self.stats.gamma_hist, self.stats.alpha, self.stats.draft_s, self.stats.drafted)
+
+    @property
+    def measured_speedup(self) -> float | None:
+        st = self.stats
+        if self.costs is None or not st.target_calls:
+            return None
+        t1 = float(np.median(st.plain_pass_s)) if st.plain_pass_s else None
+        return self.costs.measured_speedup(st.generated, st.target_calls, st.decode_s, t1)
+
+    @property
+    def drafted_tokens(self) -> int:
+        return sum(1 for s in self.sources if s == DRAFT)
+
+    def to_dict(self) -> dict:
+        be = runtime.backend_info()
+        return {
+            "text": self.text,
+            "tokens": self.tokens,
+            "token_sources": self.sources,
+            "finish_reason": self.finish_reason,
+            "framing": self.framing,
+            "target": self.target,
+            "draft": self.drafter,
+            "gamma": self.gamma,
+            "exact": be.mode == "exact",
+            "backend": be.to_dict(),
+            "stats": self.stats.to_dict(),
+            "speedup": {"predicted": self.predicted_speedup, "measured": self.measured_speedup},
+            "draft_cap": None if self.costs is None else self.costs.draft_cap,
+            "adaptive": self.policy,
+        }
+
+
+class Session:
+    """A loaded target and the drafters loaded against it; runs Requests one at a time."""
+
+    def __init__(self, target: Model, opts: RuntimeOptions) -> None:
+        self.target = target
+        self.opts = opts
+        self._kept: dict[str, Drafter] = {}  # drafters that load a model are kept between requests
+
+    @classmethod
+    def load(cls, name: str, opts: RuntimeOptions, progress: Callable[[float], None] | None = None,
+             download_progress: Callable[[int, int], None] | None = None) -> Session:
+        return cls(load_model(name, opts, progress, download_progress), opts)
+
+    def drafter(self, spec: str, ngram: tuple[int, int] = (1, 16)) -> Drafter | None:
+        """The drafter `spec` names: built per request when cheap, kept when it loads a model."""
+        kind, arg = registry.split_spec(spec)
+        if kind == "none":
+            return None
+        if registry.kinds()[kind].takes_model:
+            key = f"{kind}:{arg}"
+            if key not in self._kept:
+                self._kept[key] = registry.build(spec, self.target, self.opts, ngram)
+            return self._kept[key]
+        return registry.build(spec, self.target, self.opts, ngram)
+
+    def cost_model(self, drafter: Drafter | None) -> CostModel | None:
+        """The one cost model for this target and drafter (stored profile; measured on first use)."""
+        if drafter is None:
+            return None
+        return CostModel.for_target(self.target, drafter.draft_cost_s())
+
+    def prepare(self, req: Request) -> tuple[Framed, Engine]:
+        """Tokens and an engine for `req` (loads a draft model and the cost profile if needed), so
+        a consumer can do the slow part before its clock starts."""
+        framed = frame(self.target, req)
+        drafter = self.drafter(req.draft, req.ngram)
+        return framed, Engine(self.target, drafter, req.policy(), self.cost_model(drafter))
+
+    def generate(self, req: Request, stop: threading.Event | None = None,
+                 prepared: tuple[Framed, Engine] | None = None) -> Iterator[tuple[StepEvent, Reply]]:
+        """Run `req`; yield each engine event with the reply folded so far (stop strings applied:
+        the event's own tokens may include held-back text; the reply never does)."""
+        framed, engine = prepared or self.prepare(req)
+        reply = Reply(framing=framed.framing, drafter=engine.drafter_name, gamma=engine.policy.label,
+                      costs=engine.costs, target=self.target.path)
+        stops = StopStrings(req.stop + framed.stop)
+        try:
+            for ev in engine.generate(framed.tokens, req.config(), stop):
+                released, hit = stops.push(ev)
+                toks, srcs, pcs = (list(x) for x in zip(*released, strict=True)) if released else ([], [], [])
+                reply.add(toks, srcs, pcs, ev.stats, "stop" if hit else ev.finish_reason)
+                reply.policy = engine.policy.snapshot() if engine.drafter is not None else {}
+                yield ev, reply
+                if hit:
+                    break
+        finally:
+            if engine.drafter is not None and engine.drafter not in self._kept.values():
+                engine.drafter.close()
+        if engine.costs is not None:
+            engine.costs.check_t1(self.target, reply.stats.plain_pass_s)
+
+    def run(self, req: Request, stop: threading.Event | None = None) -> Reply:
+        reply = Reply()
+        for _, folded in self.generate(req, stop):
+            reply = folded
+        return reply
+
+    def close(self) -> None:
+        for d in self._kept.values():
+            d.close()
+        self._kept.clear()
+        self.target.close()
