@@ -9,9 +9,8 @@ import time
 import pytest
 from gradio_client import Client
 
-from edgespec.engine import Engine, GenerationConfig
-from edgespec.factory import RuntimeOptions, load_model, make_drafter
-from edgespec.sampling import SamplingParams
+from edgespec.loader import RuntimeOptions
+from edgespec.session import Request, Session
 from edgespec.ui import Defaults, build_app, start
 
 OPTS = RuntimeOptions(n_ctx=512)
@@ -36,29 +35,24 @@ def app():
 
 @pytest.fixture(scope="module")
 def reference():
-    """A second SmolLM2 instance with the app's options: what the engine itself says."""
-    model = load_model("smollm2-135m", OPTS)
-    yield model
-    model.close()
+    """A second SmolLM2 session with the app's options: what the session layer itself says."""
+    session = Session.load("smollm2-135m", OPTS)
+    yield session
+    session.close()
 
 
-def chat_args(message: str, *, drafter: str = "n-gram", gamma: str = "3", max_tokens: int = 32,
+def chat_args(message: str, *, drafter: str = "ngram", gamma: str = "3", max_tokens: int = 32,
               target: str = "smollm2-135m", draft: str = "") -> tuple:
     # message, system, drafter, gamma, max tokens, temperature, top-k, top-p, min-p, seed, highlight, target, draft
     return (message, SYSTEM, drafter, gamma, max_tokens, 0.0, 0, 1.0, 0.0, -1, True, target, draft)
 
 
-def engine_run(model, message: str, gamma: int, max_tokens: int) -> tuple[list[int], list[str], list[str]]:
-    """(tokens, sources, pieces) of the same chat turn run straight through the engine."""
-    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": message}]
-    prompt = model.tokenize(model.apply_chat_template(msgs), add_special=True, parse_special=True)
-    engine = Engine(model, make_drafter("ngram", model, OPTS, Defaults().ngram), gamma)  # the app's n-gram sizes
-    tokens, sources, pieces = [], [], []
-    for ev in engine.generate(prompt, GenerationConfig(max_tokens, SamplingParams())):
-        tokens += ev.tokens
-        sources += ev.sources
-        pieces += ev.pieces
-    return tokens, sources, pieces
+def session_run(session: Session, message: str, gamma: int, max_tokens: int) -> tuple[list[int], list[str], list[str]]:
+    """(tokens, sources, pieces) of the same chat turn run straight through a Session."""
+    req = Request(messages=[{"role": "user", "content": message}], system=SYSTEM, draft="ngram", gamma=str(gamma),
+                  ngram=Defaults().ngram, max_tokens=max_tokens)  # the app's n-gram sizes
+    reply = session.run(req)
+    return reply.tokens, reply.sources, reply.pieces
 
 
 def run_job(client: Client, args: tuple, log: list | None = None):
@@ -70,7 +64,8 @@ def run_job(client: Client, args: tuple, log: list | None = None):
     return job.result(timeout=120)
 
 
-def test_chat_streams_and_segments_match_engine_events(app, reference):
+@pytest.mark.slow
+def test_chat_streams_and_segments_match_the_session_reply(app, reference):
     _, url = app
     client = Client(url, verbose=False)
     updates: list = []
@@ -82,7 +77,7 @@ def test_chat_streams_and_segments_match_engine_events(app, reference):
     lengths = [len(out[2]["segments"]) for _, out in updates if isinstance(out[2], dict)]
     assert any(0 < n < len(details["segments"]) for n in lengths), lengths
 
-    tokens, sources, pieces = engine_run(reference, COPY_PROMPT, gamma=3, max_tokens=48)
+    tokens, sources, pieces = session_run(reference, COPY_PROMPT, gamma=3, max_tokens=48)
     assert "draft" in sources, "the copy prompt should get n-gram drafts accepted"
     assert details["tokens"] == tokens
     assert [s for _, s in details["segments"]] == sources
@@ -95,8 +90,12 @@ def test_chat_streams_and_segments_match_engine_events(app, reference):
     html = chatbot[-1]["content"][0]["text"] if isinstance(chatbot[-1]["content"], list) else chatbot[-1]["content"]
     runs = [s for i, s in enumerate(sources) if (i == 0 or sources[i - 1] != s) and pieces[i] != ""]
     assert html.count('class="tok-draft"') == runs.count("draft")
-    assert "tok/s" in html and f"accepted {stats['accepted']}/{stats['drafted']} draft tokens" in html
-    assert "gamma chosen" in live
+    pct = round(100 * stats["acceptance_rate"])
+    assert "tok/s" in html and f"acceptance (per drafted token) {pct}% ({stats['accepted']}/{stats['drafted']})" in html
+    assert f"alpha (per tested token) {stats['alpha']:.2f}" in html
+    assert "tok-target" in html  # the target's own tokens carry the outlined class
+    assert "gamma chosen" in live and "acceptance (per drafted token)" in live and "alpha (per tested token)" in live
+    assert details["framing"] == "chat"
 
 
 def test_stop_cancels_a_long_generation(app):
@@ -120,6 +119,7 @@ def test_stop_cancels_a_long_generation(app):
     assert 3 <= len(details["tokens"]) < 400
 
 
+@pytest.mark.slow
 def test_two_concurrent_sessions_do_not_corrupt_each_other(app, reference):
     blocks, url = app
     prompts = ["Count from one to thirty in words, separated by commas.",
@@ -128,9 +128,9 @@ def test_two_concurrent_sessions_do_not_corrupt_each_other(app, reference):
     # Warm two instances first, so that neither session spends its start loading a model.
     pool = blocks.edgespec.pool
     with pool.lease("smollm2-135m") as a, pool.lease("smollm2-135m") as b:
-        assert a.model is not b.model
-        for slot in (a, b):
-            slot.costs([1, 4])
+        assert a.target is not b.target
+        for session in (a, b):
+            session.prepare(Request(text="warm up", draft="ngram", gamma="3"))  # the cost profile
 
     clients = [Client(url, verbose=False) for _ in prompts]  # before the clock starts: connecting takes a while
     jobs = [c.submit(*chat_args(p, max_tokens=48), api_name="/chat") for c, p in zip(clients, prompts, strict=True)]
@@ -154,7 +154,7 @@ def test_two_concurrent_sessions_do_not_corrupt_each_other(app, reference):
         th.join(timeout=180)
     watcher.join()
     for i in range(2):
-        tokens, sources, pieces = engine_run(reference, prompts[i], gamma=3, max_tokens=48)
+        tokens, sources, pieces = session_run(reference, prompts[i], gamma=3, max_tokens=48)
         details = results[i][2]
         assert details["tokens"] == tokens
         assert [s for _, s in details["segments"]] == sources
@@ -163,6 +163,11 @@ def test_two_concurrent_sessions_do_not_corrupt_each_other(app, reference):
     assert max(busy) == 2, f"at most {max(busy)} generation(s) ran at once"
 
 
+def one_line_error(text: str) -> None:
+    assert text.startswith("error: ") and "\n" not in text and "Traceback" not in text, text
+
+
+@pytest.mark.slow
 def test_errors_are_shown_and_the_app_keeps_running(app, tmp_path):
     _, url = app
     client = Client(url, verbose=False)
@@ -170,11 +175,17 @@ def test_errors_are_shown_and_the_app_keeps_running(app, tmp_path):
     bad.write_bytes(b"this is not a model" * 10)
     out = client.predict(*chat_args("hello", target=str(bad)), api_name="/chat")
     assert "not a GGUF file" in out[-1] and out[2]["error"]
+    one_line_error(out[-1])
 
     long_msg = "word " * 700  # far beyond the 512-token context
     out = client.predict(*chat_args(long_msg), api_name="/chat")
     assert "context holds 512" in out[-1]
+    one_line_error(out[-1])
     assert out[0] == long_msg  # the failed message is handed back for editing
+
+    out = client.predict(*chat_args("hello", gamma="lots"), api_name="/chat")
+    assert "gamma must be a whole number" in out[-1]
+    one_line_error(out[-1])
 
     status = client.predict("smollm2-135m", "gemma3-270m", api_name="/load_models")
     assert "incompatible pair" in status and "smollm2" in status.lower()
@@ -187,6 +198,7 @@ def test_errors_are_shown_and_the_app_keeps_running(app, tmp_path):
     assert out[-1] == "" and 1 <= len(out[2]["tokens"]) <= 8
 
 
+@pytest.mark.slow
 def test_race_tab_gives_three_columns_and_a_chart(app):
     _, url = app
     client = Client(url, verbose=False)
@@ -214,6 +226,7 @@ def test_race_tab_gives_three_columns_and_a_chart(app):
     assert status.startswith("Done.")
 
 
+@pytest.mark.slow
 def test_models_panel_pair_drives_the_chat_draft_model(app):
     """Same-vocabulary pair (Q8_0 target derived from the bundled Q4_1 draft): the Models panel loads
     and checks it, and the chat drafts with that model."""
@@ -224,11 +237,58 @@ def test_models_panel_pair_drives_the_chat_draft_model(app):
     client = Client(url, verbose=False)
     status = client.predict(str(target), "smollm2-135m", api_name="/load_models")
     assert "es-error" not in status and "same vocabulary" in status
-    out = client.predict(*chat_args("Name three colours.", drafter="draft model", gamma="3", max_tokens=12,
+    out = client.predict(*chat_args("Name three colours.", drafter="model", gamma="3", max_tokens=12,
                                     target=str(target), draft="smollm2-135m"), api_name="/chat")
     details = out[2]
     assert details["error"] is None and details["drafter"].startswith("model:")
     assert details["stats"]["drafted"] > 0 and "draft" in [s for _, s in details["segments"]]
 
-    out = client.predict(*chat_args("hi", drafter="draft model", draft=""), api_name="/chat")
+    out = client.predict(*chat_args("hi", drafter="model", draft=""), api_name="/chat")
     assert "pick one in the Models tab" in out[-1]
+    one_line_error(out[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("target", "framing"), [("smollm2-135m", "chat"), ("gemma3-270m", "transcript")])
+def test_chat_works_with_both_bundled_models(app, target, framing):
+    """SmolLM2 chats through its chat template; Gemma-3-270M (a base model, no template) through
+    User:/Assistant: lines, and a second turn continues the same conversation."""
+    _, url = app
+    client = Client(url, verbose=False)
+    out = client.predict(*chat_args("What is the capital of France?", gamma="auto", max_tokens=24, target=target),
+                         api_name="/chat")
+    msg, chatbot, details, *_, error = out
+    assert error == "" and details["error"] is None, error
+    assert details["framing"] == framing
+    assert details["tokens"] and details["stats"]["generated"] >= len(details["tokens"])
+    reply = "".join(p for p, _ in details["segments"])
+    assert "User:" not in reply  # the transcript's stop string never reaches the screen
+    assert len(chatbot) == 2
+
+    out = client.predict(*chat_args("And of Italy?", gamma="auto", max_tokens=16, target=target), api_name="/chat")
+    assert out[-1] == "" and out[2]["error"] is None and out[2]["tokens"]
+    assert len(out[1]) == 4 and out[2]["prompt_tokens"] > details["prompt_tokens"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gamma", ["0", "auto"])
+def test_live_measured_speedup_never_exceeds_tokens_per_target_call(app, gamma):
+    """The live panel's speedups are the Reply's: measured can never beat tokens per target call
+    (a reply at ~1 token per call was once shown as 'measured 1.52x')."""
+    import re
+
+    _, url = app
+    client = Client(url, verbose=False)
+    out = client.predict(*chat_args(COPY_PROMPT, gamma=gamma, max_tokens=40), api_name="/chat")
+    _, _, details, live, _, speed_plot, error = out
+    assert error == "" and details["steps"], error
+    for p in details["steps"]:
+        assert p["measured"] is not None and p["predicted"] is not None
+        assert p["measured"] <= p["tokens_per_call"] + 1e-9, p
+    assert details["speedup"]["measured"] <= details["stats"]["tokens_per_call"] + 1e-9
+    m = re.search(r"([\d.]+) tokens per target call \| speedup predicted ([\d.]+)x, measured ([\d.]+)x", live)
+    assert m, live
+    assert float(m.group(3)) <= float(m.group(1)) + 0.005
+    if gamma == "0":
+        assert details["stats"]["drafted"] == 0 and details["stats"]["tokens_per_call"] <= 1.0
+        assert details["speedup"]["predicted"] == pytest.approx(1.0)

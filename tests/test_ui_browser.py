@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from edgespec.factory import RuntimeOptions
+from edgespec.loader import RuntimeOptions
 from edgespec.ui import Defaults, build_app, start
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -19,7 +19,10 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
 COPY_PROMPT = ("Copy this text exactly: The quick brown fox jumps over the lazy dog. "
                "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog.")
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).is_file(), reason="Debian's chromium is not installed (apt-get install chromium)")
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not Path(CHROMIUM).is_file(), reason="Debian's chromium is not installed (apt-get install chromium)"),
+]
 
 
 def free_port() -> int:
@@ -61,6 +64,7 @@ def settled(locator, quiet_s: float = 1.5, timeout_s: float = 90) -> str:
     raise AssertionError(f"still changing after {timeout_s} s: {last!r}")
 
 
+@pytest.mark.slow
 def test_chat_highlights_accepted_drafts_in_the_browser(page, tmp_path):
     page.locator("#es-msg textarea").fill(COPY_PROMPT)
     page.locator("#es-send").click()
@@ -73,15 +77,23 @@ def test_chat_highlights_accepted_drafts_in_the_browser(page, tmp_path):
     assert page.locator("#es-chatbot .tok-draft").count() >= 1
     assert page.locator("#es-chatbot .es-out").count() == 1
     assert re.search(r"\d+\.\d tok/s", stats), stats
-    assert re.search(r"accepted \d+/\d+ draft tokens, \d+%", stats), stats
+    assert re.search(r"acceptance \(per drafted token\) \d+% \(\d+/\d+\)", stats), stats
+    assert re.search(r"alpha \(per tested token\) \d\.\d\d", stats), stats
     assert "drafter ngram" in stats
     assert page.locator(".es-legend .tok-bonus").is_visible()
+    # Target tokens are outlined in the reply just as in the legend.
+    outline = "e => getComputedStyle(e).boxShadow"
+    assert page.locator("#es-chatbot .tok-target").first.evaluate(outline) != "none"
+    assert page.locator(".es-legend .tok-target").evaluate(outline) != "none"
+    live = page.locator("#es-live").inner_text()
+    assert "acceptance (per drafted token)" in live and "alpha (per tested token)" in live
     # The toggle switches the reply to plain Markdown: no highlight spans left.
     page.get_by_label("Highlight token sources (off: plain Markdown)").uncheck()
     page.wait_for_function("document.querySelectorAll('#es-chatbot .tok-draft').length === 0", timeout=10_000)
     assert "tok/s" in page.locator("#es-chatbot").inner_text()
 
 
+@pytest.mark.slow
 def test_race_tab_shows_three_columns_and_a_chart(page, tmp_path):
     page.get_by_role("tab", name="Race").click()
     # Short runs, and a fixed gamma in column 3 (auto gamma first times the target's passes).

@@ -1,4 +1,4 @@
-"""The UI's model pool: one generation per loaded instance, bounded memory, clear errors."""
+"""The UI's pool of sessions: one generation per loaded session, bounded memory, clear errors."""
 
 from __future__ import annotations
 
@@ -7,21 +7,22 @@ import threading
 import pytest
 
 from edgespec.errors import EdgeSpecError
-from edgespec.factory import RuntimeOptions
+from edgespec.loader import RuntimeOptions
+from edgespec.session import Session
 from edgespec.ui.pool import ModelPool
 
-OPTS = RuntimeOptions(n_ctx=128)
+OPTS = RuntimeOptions(n_ctx=256)
 
 
 def test_a_busy_instance_is_never_leased_twice_and_the_third_lease_waits():
     pool = ModelPool(OPTS, per_key=2)
     with pool.lease("smollm2-135m") as a, pool.lease("smollm2-135m") as b:
-        assert a.model is not b.model and pool.active() == 2
+        assert isinstance(a, Session) and a is not b and a.target is not b.target and pool.active() == 2
         got = threading.Event()
 
         def third() -> None:
             with pool.lease("smollm2-135m") as c:
-                assert c.model in (a.model, b.model)
+                assert c in (a, b)
                 got.set()
 
         th = threading.Thread(target=third)
@@ -52,3 +53,14 @@ def test_unknown_or_undownloaded_models_fail_with_one_line():
         with pool.lease("qwen2.5-0.5b-instruct"):
             pass
     assert pool.active() == 0
+
+
+def test_a_draft_model_stays_loaded_in_its_session_between_leases():
+    pool = ModelPool(OPTS, per_key=1)
+    with pool.lease("smollm2-135m") as s:
+        drafter = s.drafter("model:smollm2-135m")
+        assert drafter is not None and drafter.name.startswith("model:")
+    with pool.lease("smollm2-135m") as again:
+        assert again is s and again.drafter("model:smollm2-135m") is drafter
+    pool.close()
+    assert pool.loaded() == []

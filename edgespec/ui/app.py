@@ -4,7 +4,8 @@ import argparse
 
 import gradio as gr
 
-from edgespec.factory import RuntimeOptions, parse_gamma
+from edgespec import drafters
+from edgespec.loader import RuntimeOptions
 from edgespec.ui.bench_tab import bench_tab
 from edgespec.ui.chat import build_chat_tab
 from edgespec.ui.context import AppContext, Defaults
@@ -30,7 +31,7 @@ def build_app(opts: RuntimeOptions | None = None, defaults: Defaults | None = No
         with gr.Tab("Models"):
             target, draft = build_models_tab(ctx)
         with gr.Tab("Bench"):
-            bench_tab()
+            bench_tab(ctx)
         with chat_area:
             build_chat_tab(ctx, target, draft)
 
@@ -54,18 +55,18 @@ def start(app: gr.Blocks, host: str = "127.0.0.1", port: int | None = None, bloc
 
 def launch(args: argparse.Namespace) -> int:
     """`python app.py`: open the UI at args.host:args.port with the command line's settings."""
-    from edgespec.cli import parse_ngram
+    from edgespec.session import parse_gamma, parse_ngram, runtime_options
     from models import DEFAULT_TARGET, resolve
 
     target = args.target or DEFAULT_TARGET
-    resolve(target)  # a bad --target fails here, as one line, before a server starts
+    resolve(target)  # a bad --target, --gamma or --draft fails here, as one line, before a server starts
     parse_gamma(args.gamma)
+    drafters.split_spec(args.draft)
     defaults = Defaults(
         target=target, draft=args.draft, gamma=str(args.gamma), ngram=parse_ngram(args.ngram),
         max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-        min_p=args.min_p, seed=args.seed,
+        min_p=args.min_p, seed=args.seed, system=args.system or Defaults.system,
     )
-    opts = RuntimeOptions(n_ctx=args.ctx, n_threads=args.threads, flash_attn=args.flash_attn, exact=args.exact)
-    app = build_app(opts, defaults)
+    app = build_app(runtime_options(args), defaults)
     start(app, args.host, args.port, block=True)
     return 0

@@ -1,30 +1,23 @@
-"""Chat tab: multi-turn chat with streamed, source-highlighted replies and a live stats panel."""
+"""Chat tab: multi-turn chat with streamed, source-highlighted replies and a live stats panel.
+
+A turn is one `Request` (the conversation so far, framing auto: the model's chat template, or
+User:/Assistant: lines for a base model without one) run on a leased `Session`; the drafter
+choices come from the drafter registry."""
 
 import html
+import json
 from collections.abc import Iterator
+from dataclasses import asdict
 from typing import Any
 
 import gradio as gr
 
-from edgespec.engine import GenerationConfig
 from edgespec.errors import EdgeSpecError
 from edgespec.sampling import SamplingParams
+from edgespec.session import Request
 from edgespec.ui import render
-from edgespec.ui.context import AppContext
-from edgespec.ui.live import Request, Tracker, stream
-
-DRAFTERS = ["none", "n-gram", "draft model"]
-
-
-def drafter_spec(kind: str, draft_model: str | None) -> str:
-    """Radio choice + the Models panel's draft model -> make_drafter's spec."""
-    if kind == "none":
-        return "none"
-    if kind == "n-gram":
-        return "ngram"
-    if not (draft_model or "").strip():
-        raise EdgeSpecError("drafter 'draft model' needs a draft model: pick one in the Models tab")
-    return draft_model.strip()
+from edgespec.ui.context import AppContext, default_kind, drafter_choices, drafter_help, drafter_spec
+from edgespec.ui.live import Tracker, one_line, stream
 
 
 def chat_messages(turns: list[dict], highlight: bool) -> list[dict[str, str]]:
@@ -39,9 +32,9 @@ def chat_messages(turns: list[dict], highlight: bool) -> list[dict[str, str]]:
     return msgs
 
 
-def template_messages(system: str, turns: list[dict]) -> list[dict[str, str]]:
-    """Conversation for the model's chat template; the last turn's reply is the one to generate."""
-    msgs = [{"role": "system", "content": system}] if system.strip() else []
+def conversation(turns: list[dict]) -> list[dict[str, str]]:
+    """The conversation so far; the last turn's reply is the one to generate."""
+    msgs: list[dict[str, str]] = []
     for t in turns[:-1]:
         msgs += [{"role": "user", "content": t["user"]}, {"role": "assistant", "content": t["reply"]}]
     msgs.append({"role": "user", "content": turns[-1]["user"]})
@@ -49,16 +42,22 @@ def template_messages(system: str, turns: list[dict]) -> list[dict[str, str]]:
 
 
 def details(tr: Tracker) -> dict[str, Any]:
-    """The last reply as data: per-token [text, source] segments, token ids and stats."""
-    st = tr.last.stats.to_dict() if tr.last is not None else {}
+    """The last reply as data: per-token [text, source] segments, token ids, stats, speedups and
+    one point per target call (all read off the Reply)."""
+    r = tr.reply
     return {
         "segments": [[p, s] for p, s in tr.segments],
-        "tokens": tr.tokens,
-        "prompt_tokens": tr.prompt_tokens,
+        "tokens": list(tr.tokens),
+        "prompt_tokens": r.stats.prompt_tokens if r is not None else 0,
         "finish_reason": tr.finish_reason,
-        "drafter": tr.drafter,
-        "gamma": tr.gamma_label,
-        "stats": st,
+        "framing": r.framing if r is not None else None,
+        "drafter": r.drafter if r is not None else None,
+        "gamma": r.gamma if r is not None else None,
+        "stats": r.stats.to_dict() if r is not None else {},
+        "speedup": {"predicted": r.predicted_speedup if r is not None else None,
+                    "measured": r.measured_speedup if r is not None else None},
+        "policy": json.loads(json.dumps(r.policy, default=str)) if r is not None else {},  # str keys for JSON
+        "steps": [asdict(p) for p in tr.points],
         "stats_line": render.stats_line(tr),
         "error": tr.error,
     }
@@ -67,7 +66,8 @@ def details(tr: Tracker) -> dict[str, Any]:
 def build_chat_tab(ctx: AppContext, target: gr.Dropdown, draft_model: gr.Dropdown) -> None:
     """Chat components inside the current Tab; `target` and `draft_model` live in the Models tab."""
     d = ctx.defaults
-    kind0 = {"none": "none", "ngram": "n-gram"}.get(d.draft, "draft model")
+    choices = drafter_choices()
+    kind0 = default_kind(d.draft)
     turns = gr.State([])
     with gr.Row():
         with gr.Column(scale=3):
@@ -81,10 +81,11 @@ def build_chat_tab(ctx: AppContext, target: gr.Dropdown, draft_model: gr.Dropdow
                 stop = gr.Button("Stop", variant="stop", elem_id="es-stop")
                 regen = gr.Button("Regenerate")
                 clear = gr.Button("Clear")
-            system = gr.Textbox("You are a helpful assistant.", label="System prompt", lines=2)
+            system = gr.Textbox(d.system, label="System prompt", lines=2)
         with gr.Column(scale=2):
             with gr.Accordion("Sampling and drafting", open=True):
-                kind = gr.Radio(DRAFTERS, value=kind0, label="Drafter (draft model: pick it in the Models tab)")
+                kind = gr.Radio(choices, value=kind0 if kind0 in [v for _, v in choices] else "none",
+                                label="Drafter", info=drafter_help(), elem_id="es-drafter")
                 gamma = gr.Textbox(d.gamma, label="gamma (draft length): a number, or auto")
                 max_tokens = gr.Slider(1, 4096, value=d.max_tokens, step=1, label="max tokens")
                 temperature = gr.Slider(0.0, 2.0, value=d.temperature, step=0.05, label="temperature (0 = greedy)")
@@ -120,24 +121,26 @@ def build_chat_tab(ctx: AppContext, target: gr.Dropdown, draft_model: gr.Dropdow
                 None if seed_ is None or int(seed_) < 0 else int(seed_),
             )
             req = Request(
-                target=(target_ or d.target).strip(),
-                drafter=drafter_spec(kind_, draft_),
+                messages=conversation(turns_),
+                system=(system_ or "").strip() or None,
+                draft=drafter_spec(kind_, draft_),
                 gamma=(gamma_ or "auto").strip(),
-                config=GenerationConfig(max_tokens=int(max_tokens_), sampling=sampling),
                 ngram=d.ngram,
-                messages=template_messages(system_, turns_),
+                max_tokens=int(max_tokens_),
+                sampling=sampling,
             )
-        except EdgeSpecError as exc:
-            tr.error = str(exc)
+        except (EdgeSpecError, TypeError, ValueError) as exc:
+            tr.error = one_line(exc)
             turns_.pop()
             yield _outputs(turns_, tr, highlight_)
             return
+        target = (target_ or d.target).strip()
         stop_ev = ctx.new_stop(request.session_hash or "", "chat")
-        for tr in stream(ctx.pool, req, stop_ev):
+        for tr in stream(ctx.pool, target, req, stop_ev):
             turn["segments"] = list(tr.segments)
             turn["reply"] = tr.text
             turn["stats"] = render.stats_line(tr)
-            if tr.error and not tr.tokens and tr.finish_reason is None:
+            if tr.error and not tr.tokens and tr.finish_reason is None and turns_ and turns_[-1] is turn:
                 # Nothing was generated (bad model, prompt too long): keep the failed turn out of
                 # the history, or every later turn would fail the same way.
                 turns_.pop()

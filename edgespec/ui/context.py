@@ -5,7 +5,9 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from edgespec.factory import RuntimeOptions
+from edgespec import drafters
+from edgespec.errors import EdgeSpecError
+from edgespec.loader import RuntimeOptions
 from edgespec.ui.pool import ModelPool
 
 
@@ -14,7 +16,7 @@ class Defaults:
     """Initial values of the controls (from the command line)."""
 
     target: str = "smollm2-135m"
-    draft: str = "ngram"  # none | ngram | draft model name/path
+    draft: str = "ngram"  # a --draft spec: none | a registered drafter NAME[:ARG] | a draft model name/path
     gamma: str = "auto"
     ngram: tuple[int, int] = (1, 16)
     max_tokens: int = 256
@@ -23,6 +25,47 @@ class Defaults:
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int | None = None
+    system: str = "You are a helpful assistant."
+
+
+def drafter_choices() -> list[tuple[str, str]]:
+    """(label, value) for every drafter kind in the registry (plug-ins included), after 'none'."""
+    out = [("none (plain decoding)", "none")]
+    for name, kind in drafters.kinds().items():
+        out.append((f"{name} (the Models tab's draft model)" if kind.takes_model else name, name))
+    return out
+
+
+def drafter_help() -> str:
+    """One line per drafter kind: its name and the registry's summary."""
+    return "; ".join(f"{name}: {kind.summary}" for name, kind in drafters.kinds().items())
+
+
+def default_kind(spec: str) -> str:
+    """The drafter kind a --draft spec names ('none', 'ngram', 'model' for a draft model path...)."""
+    return drafters.split_spec(spec)[0]
+
+
+def default_draft_model(spec: str) -> str:
+    """The model argument of a --draft spec whose kind takes one (else ''), for the Models tab."""
+    kind, arg = drafters.split_spec(spec)
+    return arg if kind != "none" and drafters.kinds()[kind].takes_model else ""
+
+
+def drafter_spec(kind: str, draft_model: str | None) -> str:
+    """A drafter choice plus the Models tab's draft model -> the Request's draft spec."""
+    kind = (kind or "none").strip()
+    if kind == "none":
+        return "none"
+    known = drafters.kinds()
+    if kind not in known:
+        raise EdgeSpecError(f"unknown drafter {kind!r}: choose one of {', '.join(['none', *known])}")
+    if not known[kind].takes_model:
+        return kind
+    model = (draft_model or "").strip()
+    if not model:
+        raise EdgeSpecError(f"drafter {kind!r} needs a draft model: pick one in the Models tab")
+    return f"{kind}:{model}"
 
 
 @dataclass

@@ -1,19 +1,28 @@
 """Models tab: choose the target and the draft model (bundled, found on disk, typed in, or from the
-catalog of known pairs), download catalog models with progress, load them and check the pair."""
+catalog of known pairs), download catalog models with progress, load them and check the pair.
 
+The draft model chosen here is the argument of every registered drafter kind that takes a model
+(the Chat tab's `NAME:DRAFT_MODEL`). "Load and check pair" loads it into the target's session with
+the GGUF draft-model drafter, so the next chat reuses it."""
+
+import html
 import time
 from pathlib import Path
-from typing import Any
 
 import gradio as gr
 import pandas as pd
 
+from edgespec import drafters
 from edgespec.errors import EdgeSpecError
-from edgespec.pairing import size_warning
-from edgespec.ui.context import AppContext
+from edgespec.runtime import Model
+from edgespec.ui.context import AppContext, default_draft_model
+from edgespec.ui.live import one_line
 
 # Gradio recognises a progress parameter by its default being a gr.Progress instance.
 PROGRESS = gr.Progress()
+# The registered drafter that drafts with a GGUF model (edgespec/drafters/model.py): the kind the
+# pair check below is about (same vocabulary, llama.cpp's rule).
+GGUF_DRAFTER = "model"
 CATALOG_COLUMNS = ["name", "role", "quant", "size (MB)", "license", "pairs with", "source", "on this machine"]
 
 
@@ -54,13 +63,36 @@ def catalog_frame() -> pd.DataFrame:
     return pd.DataFrame(rows, columns=CATALOG_COLUMNS)
 
 
-def describe(model: Any, seconds: float) -> str:
+def describe(model: Model, seconds: float) -> str:
     i = model.info
+    template = ("yes (framing auto: chat template)" if model.chat_template()
+                else "no (framing auto: User:/Assistant: transcript)")
     return (
         f"{i.description} | {i.n_params / 1e6:.0f}M parameters | {i.size_bytes / 2**20:.0f} MiB | "
-        f"vocab {i.n_vocab} | trained context {i.n_ctx_train} | "
-        f"chat template {'yes' if model.chat_template() else 'no'} | loaded in {seconds:.2f} s"
+        f"vocab {i.n_vocab} | trained context {i.n_ctx_train} | chat template {template} | "
+        f"loaded in {seconds:.2f} s"
     )
+
+
+def describe_file(path: Path, drafter_name: str, seconds: float) -> str:
+    """A draft model as its GGUF header describes it, and the drafter built on it."""
+    from models.inspect import inspect_gguf
+
+    h = inspect_gguf(path)
+    return (
+        f"{h['description']} | {h['n_params'] / 1e6:.0f}M parameters | {h['weights_bytes'] / 2**20:.0f} MiB | "
+        f"vocab {h['vocab_size']} | drafter {drafter_name} | loaded in {seconds:.2f} s"
+    )
+
+
+def size_note(target: Path, draft: Path) -> str | None:
+    """Says so when the draft file is not smaller than the target's (drafting then costs more than
+    it saves)."""
+    t, d = target.stat().st_size, draft.stat().st_size
+    if d < t:
+        return None
+    return (f"the draft ({d / 1e6:.0f} MB) is not smaller than the target ({t / 1e6:.0f} MB): "
+            "drafting will likely cost more than it saves")
 
 
 def _local(name: str) -> Path:
@@ -83,22 +115,24 @@ def load_pair(ctx: AppContext, target: str, draft: str, progress: gr.Progress) -
         raise EdgeSpecError("pick a target model first")
     lines = []
     if draft:
+        if GGUF_DRAFTER not in drafters.kinds():
+            raise EdgeSpecError(f"no drafter {GGUF_DRAFTER!r} is registered to draft with a GGUF model")
         ok, reason = pairing_from_metadata(_local(target), _local(draft))
         if not ok:
             raise EdgeSpecError(f"incompatible pair: {reason}")
         lines.append(f"**pair** {reason}")
     progress(0.0, desc=f"loading {Path(target).name}")
     t0 = time.perf_counter()
-    with ctx.pool.lease(target, lambda f: progress(0.9 * f, desc=f"loading {Path(target).name}")) as slot:
-        lines.insert(0, f"**target** {describe(slot.model, time.perf_counter() - t0)}")
+    with ctx.pool.lease(target, lambda f: progress(0.9 * f, desc=f"loading {Path(target).name}")) as session:
+        lines.insert(0, f"**target** {describe(session.target, time.perf_counter() - t0)}")
         if draft:
             progress(0.9, desc=f"loading draft {Path(draft).name}")
             t1 = time.perf_counter()
-            dm = slot.drafter(draft, ctx.opts, ctx.defaults.ngram).draft
-            lines.insert(1, f"**draft** {describe(dm, time.perf_counter() - t1)}")
-            warning = size_warning(slot.model, dm)
-            if warning:
-                lines.append(f"**warning** {warning}")
+            drafter = session.drafter(f"{GGUF_DRAFTER}:{draft}", ctx.defaults.ngram)
+            lines.insert(1, f"**draft** {describe_file(_local(draft), drafter.name, time.perf_counter() - t1)}")
+            note = size_note(_local(target), _local(draft))
+            if note:
+                lines.append(f"**warning** {note}")
     progress(1.0)
     lines.append(f"**in memory** {', '.join(ctx.pool.loaded())}")
     return "\n\n".join(lines)
@@ -121,8 +155,7 @@ def download(name: str, progress: gr.Progress) -> Path:
 
 
 def _error_html(exc: BaseException) -> str:
-    msg = str(exc) if isinstance(exc, EdgeSpecError) else f"{type(exc).__name__}: {exc}"
-    return f'<span class="es-error">error: {msg}</span>'
+    return f'<span class="es-error">error: {html.escape(one_line(exc))}</span>'
 
 
 def build_models_tab(ctx: AppContext) -> tuple[gr.Dropdown, gr.Dropdown]:
@@ -132,7 +165,8 @@ def build_models_tab(ctx: AppContext) -> tuple[gr.Dropdown, gr.Dropdown]:
     gr.Markdown(
         "Pick a bundled model, a .gguf file found in `models/`, a catalog model, or type any path or "
         "`hf:ORG/REPO[:FILE]`. A draft model must share the target's vocabulary (llama.cpp's rule); the "
-        "Chat tab uses it when its drafter is set to *draft model*."
+        "Chat tab uses it for a drafter that takes a model (e.g. *model*). A model without a chat template "
+        "(a base model) chats through User:/Assistant: lines."
     )
     with gr.Row():
         target = gr.Dropdown(choices, value=ctx.defaults.target, allow_custom_value=True,
@@ -176,4 +210,4 @@ def build_models_tab(ctx: AppContext) -> tuple[gr.Dropdown, gr.Dropdown]:
 
 
 def _draft_default(ctx: AppContext) -> str:
-    return "" if ctx.defaults.draft in ("none", "ngram") else ctx.defaults.draft
+    return default_draft_model(ctx.defaults.draft)

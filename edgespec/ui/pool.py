@@ -1,9 +1,11 @@
-"""Loaded models shared by every UI session.
+"""Loaded sessions shared by every UI session.
 
-A `Model` holds one llama.cpp context and is not thread-safe, so a generation leases a model for
-its whole run. The pool keeps up to `per_key` instances of each (path, options) pair: two
-sessions chatting with the same model get separate contexts and really run at the same time,
-a third waits for a free one.
+A `Session` holds one target (one llama.cpp context) and the draft models loaded against it; it is
+not thread-safe, so a generation leases a session for its whole run. The pool keeps up to
+`per_key` sessions of each target file: two browser sessions chatting with the same model get
+separate contexts and really run at the same time, a third waits for a free one.
+
+The pool measures nothing: costs come from the session's cost model (`edgespec.costs`).
 """
 
 from __future__ import annotations
@@ -15,65 +17,30 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edgespec.drafters import Drafter
 from edgespec.errors import EdgeSpecError
-from edgespec.factory import RuntimeOptions, load_model, make_drafter
-from edgespec.profile import measure_pass_costs
-from edgespec.runtime import Model
+from edgespec.loader import RuntimeOptions
+from edgespec.session import Session
 
 Progress = Callable[[float], None]
 
 
 @dataclass
-class Slot:
-    """One loaded target plus the draft models loaded against it (a draft model keeps its own KV
-    cache in step with this target, so it belongs to the slot, not to the pool)."""
-
-    model: Model
+class _Entry:
+    session: Session
     busy: bool = False
-    draft_models: dict[str, Drafter] = field(default_factory=dict)
-    pass_costs: dict[int, float] = field(default_factory=dict)
-    costs_at: float = 0.0  # perf_counter() when pass_costs were measured
     used_at: float = field(default_factory=time.perf_counter)  # last lease, for evicting the stalest
-
-    def drafter(self, spec: str, opts: RuntimeOptions, ngram: tuple[int, int]) -> Drafter | None:
-        """A drafter for one generation: n-gram drafters are rebuilt (cheap, stateless between
-        generations); draft models are loaded once per slot and reused."""
-        spec = (spec or "none").strip()
-        if spec in ("none", "ngram"):
-            return make_drafter(spec, self.model, opts, ngram)
-        if spec not in self.draft_models:
-            self.draft_models[spec] = make_drafter(spec, self.model, opts, ngram)
-        return self.draft_models[spec]
-
-    def costs(self, rows: list[int], max_age_s: float = 30.0) -> dict[int, float]:
-        """Median seconds of a target pass over K rows. Re-measured when older than `max_age_s`:
-        on a shared machine the load changes, and a stale T(1) would skew the measured speedup."""
-        if time.perf_counter() - self.costs_at > max_age_s:
-            self.pass_costs.clear()
-        missing = [k for k in rows if k not in self.pass_costs]
-        if missing:
-            self.pass_costs.update(measure_pass_costs(self.model, missing, repeats=2))
-            self.costs_at = time.perf_counter()
-        return {k: self.pass_costs[k] for k in rows}
-
-    def close(self) -> None:
-        for d in self.draft_models.values():
-            d.close()
-        self.draft_models.clear()
-        self.model.close()
 
 
 class ModelPool:
-    """Loaded models keyed by their resolved path: up to `per_key` instances of one model and
-    `max_slots` instances in all; the least recently used idle instance is freed to make room."""
+    """Sessions keyed by their target's resolved path: up to `per_key` sessions of one target and
+    `max_slots` sessions in all; the least recently used idle session is closed to make room."""
 
     def __init__(self, opts: RuntimeOptions, per_key: int = 2, max_slots: int = 4) -> None:
         self.opts = opts
         self.per_key = per_key
         self.max_slots = max_slots
         self._cond = threading.Condition()
-        self._slots: dict[str, list[Slot]] = {}
+        self._entries: dict[str, list[_Entry]] = {}
         self._loading: dict[str, int] = {}
 
     @staticmethod
@@ -88,60 +55,69 @@ class ModelPool:
         return str(Path(path).resolve())
 
     @contextmanager
-    def lease(self, name: str, progress: Progress | None = None) -> Iterator[Slot]:
-        """Exclusive use of a loaded instance of `name` for the duration of the block."""
+    def lease(self, name: str, progress: Progress | None = None) -> Iterator[Session]:
+        """Exclusive use of a loaded session of `name` for the duration of the block."""
         key = self.key(name)
-        slot = self._acquire(key, progress)
+        entry = self._acquire(key, progress)
         try:
-            yield slot
+            yield entry.session
         finally:
             with self._cond:
-                slot.busy = False
+                entry.busy = False
                 self._cond.notify_all()
 
-    def _acquire(self, key: str, progress: Progress | None) -> Slot:
-        evicted: Slot | None = None
+    def _acquire(self, key: str, progress: Progress | None) -> _Entry:
+        evicted: _Entry | None = None
         with self._cond:
             while True:
-                slots = self._slots.setdefault(key, [])
-                for s in slots:
-                    if not s.busy:
-                        s.busy = True
-                        s.used_at = time.perf_counter()
+                entries = self._entries.setdefault(key, [])
+                for e in entries:
+                    if not e.busy:
+                        e.busy = True
+                        e.used_at = time.perf_counter()
                         if progress is not None:
                             progress(1.0)
-                        return s
-                if len(slots) + self._loading.get(key, 0) < self.per_key:
-                    total = sum(map(len, self._slots.values())) + sum(self._loading.values())
-                    idle = [(s.used_at, k, s) for k, v in self._slots.items() for s in v if not s.busy]
+                        return e
+                if len(entries) + self._loading.get(key, 0) < self.per_key:
+                    total = sum(map(len, self._entries.values())) + sum(self._loading.values())
+                    idle = [(e.used_at, k, e) for k, v in self._entries.items() for e in v if not e.busy]
                     if total < self.max_slots or idle:
                         if total >= self.max_slots:
                             _, k, evicted = min(idle, key=lambda t: t[0])
-                            self._slots[k].remove(evicted)
+                            self._entries[k].remove(evicted)
                         self._loading[key] = self._loading.get(key, 0) + 1
                         break
                 self._cond.wait()
         if evicted is not None:
-            evicted.close()
+            evicted.session.close()
         try:
-            model = load_model(key, self.opts, progress)
+            session = Session.load(key, self.opts, progress)
         except BaseException:
             with self._cond:
                 self._loading[key] -= 1
                 self._cond.notify_all()
             raise
-        slot = Slot(model, busy=True)
+        entry = _Entry(session, busy=True)
         with self._cond:
             self._loading[key] -= 1
-            self._slots[key].append(slot)
-        return slot
+            self._entries[key].append(entry)
+        return entry
 
     def active(self) -> int:
-        """Number of generations (or loads) holding a model right now."""
+        """Number of generations (or loads) holding a session right now."""
         with self._cond:
-            return sum(s.busy for v in self._slots.values() for s in v) + sum(self._loading.values())
+            return sum(e.busy for v in self._entries.values() for e in v) + sum(self._loading.values())
 
     def loaded(self) -> list[str]:
-        """'file.gguf xN' for each model with N instances in memory."""
+        """'file.gguf xN' for each target with N sessions in memory."""
         with self._cond:
-            return [f"{Path(k).name} x{len(v)}" for k, v in self._slots.items() if v]
+            return [f"{Path(k).name} x{len(v)}" for k, v in self._entries.items() if v]
+
+    def close(self) -> None:
+        """Close every idle session (busy ones are left to finish)."""
+        with self._cond:
+            idle = [e for v in self._entries.values() for e in v if not e.busy]
+            for v in self._entries.values():
+                v[:] = [e for e in v if e.busy]
+        for e in idle:
+            e.session.close()

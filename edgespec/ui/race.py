@@ -16,12 +16,12 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from edgespec.engine import GenerationConfig
+from edgespec import drafters
 from edgespec.errors import EdgeSpecError
-from edgespec.sampling import SamplingParams
+from edgespec.session import Request
 from edgespec.ui import render
 from edgespec.ui.context import AppContext
-from edgespec.ui.live import Request, Tracker, stream
+from edgespec.ui.live import Tracker, one_line, stream
 
 N_COLUMNS = 3
 FRAME_S = 0.1  # replay refresh interval
@@ -61,6 +61,15 @@ def default_columns(target: str) -> list[Column]:
     ]
 
 
+def drafter_specs() -> tuple[list[str], str]:
+    """The race's drafter choices and the dropdown's label, from the drafter registry: a kind that
+    takes a model is typed as NAME:MODEL (or just a draft model's path or name)."""
+    kinds = drafters.kinds()
+    choices = ["none", *(k for k, v in kinds.items() if not v.takes_model)]
+    forms = ["none", *(f"{k}:MODEL" if v.takes_model else k for k, v in kinds.items()), "a draft model path"]
+    return choices, "drafter: " + " | ".join(forms)
+
+
 def column_html(col: Column, segments: list[tuple[str, str]], speed: str, note: str = "") -> str:
     head = (
         f"<div><b>{html.escape(col.label)}</b><br><small>{html.escape(Path(col.target).name)} | drafter "
@@ -84,11 +93,13 @@ def build_race_tab(ctx: AppContext) -> None:
     d = ctx.defaults
     cols0 = default_columns(d.target)
     cores = len(os.sched_getaffinity(0))
+    drafter_choices, drafter_label = drafter_specs()
     gr.Markdown(METHOD.format(cores=cores), elem_id="race-method")
     prompt = gr.Textbox(DEFAULT_PROMPT, lines=3, label="Prompt", elem_id="race-prompt")
     with gr.Row():
         max_tokens = gr.Slider(8, 1024, value=min(d.max_tokens, 128), step=1, label="max tokens per column", elem_id="race-max-tokens")
-        chat_fmt = gr.Checkbox(True, label="wrap in the target's chat template")
+        chat_fmt = gr.Checkbox(True, label="as a chat turn (the target's chat template, or User:/Assistant: "
+                               "lines for a base model); off: the prompt as raw text")
         run = gr.Button("Race", variant="primary", elem_id="race-run")
         stop = gr.Button("Stop", variant="stop")
         derive = gr.Button("Make Q8_0 SmolLM2 baseline")
@@ -101,8 +112,7 @@ def build_race_tab(ctx: AppContext) -> None:
                 label = gr.Textbox(c.label, label="label")
                 tgt = gr.Dropdown([c.target], value=c.target, allow_custom_value=True,
                                   label="target (.gguf path, bundled or models/ name)")
-                drf = gr.Dropdown(["none", "ngram"], value=c.drafter, allow_custom_value=True,
-                                  label="drafter: none | ngram | draft model path")
+                drf = gr.Dropdown(drafter_choices, value=c.drafter, allow_custom_value=True, label=drafter_label)
                 gam = gr.Textbox(c.gamma, label="gamma (number or auto)")
                 controls += [on, label, tgt, drf, gam]
                 outputs.append(gr.HTML(column_html(c, [], "-"), elem_id=f"race-col-{i + 1}"))
@@ -153,7 +163,6 @@ def race(ctx: AppContext, prompt: str, max_tokens: int, chat: bool, cols: list[C
         yield (*empty, "error: the prompt is empty", gr.skip(), gr.skip())
         return
     stop = ctx.new_stop(session, "race")
-    config = GenerationConfig(max_tokens=max_tokens, sampling=SamplingParams())
     runs: list[Tracker] = []
     htmls = list(empty)
     load = os.getloadavg()[0]
@@ -161,11 +170,17 @@ def race(ctx: AppContext, prompt: str, max_tokens: int, chat: bool, cols: list[C
         if stop.is_set():
             break
         others = ctx.pool.active()
-        req = Request(col.target, col.drafter, col.gamma, config, ctx.defaults.ngram,
-                      messages=[{"role": "user", "content": prompt}] if chat else None,
-                      text=None if chat else prompt)
         tr = Tracker()
-        for tr in stream(ctx.pool, req, stop, every_s=0.25):
+        try:
+            req = Request(messages=[{"role": "user", "content": prompt}] if chat else None,
+                          text=None if chat else prompt, framing="auto" if chat else "raw",
+                          draft=col.drafter, gamma=col.gamma, ngram=ctx.defaults.ngram, max_tokens=max_tokens)
+        except EdgeSpecError as exc:
+            tr.error = one_line(exc)
+            runs.append(tr)
+            htmls[i] = column_html(col, [], "failed", f"error: {tr.error}")
+            continue
+        for tr in stream(ctx.pool, col.target, req, stop, every_s=0.25):
             htmls[i] = column_html(col, [], f"recording... {len(tr.tokens)} tokens")
             yield (*htmls, f"Recording column {i + 1} of {len(cols)} alone...", gr.skip(), gr.skip())
         if others:
@@ -195,13 +210,13 @@ def replay(cols: list[Column], runs: list[Tracker], htmls: list[str], note: str 
         for i, (col, tr) in enumerate(zip(cols, runs, strict=True)):
             n = len(tr.times) if done else sum(1 for t in tr.times if t <= tau)
             finished = done or not tr.times or tau >= tr.times[-1]
-            if finished and tr.last is not None:
-                speed = f"{tr.last.stats.tokens_per_s:.1f} tok/s"
+            if finished and tr.reply is not None:
+                speed = f"{tr.reply.stats.tokens_per_s:.1f} tok/s"
                 foot = render.stats_line(tr)
             else:
                 speed = f"{n / tau:.1f} tok/s" if tau > 0 and n else "..."
                 foot = "replaying recorded timings"
-            if tr.error and tr.last is None:
+            if tr.error and tr.reply is None:
                 speed, foot = "failed", f"error: {tr.error}"
             htmls[i] = column_html(col, tr.segments[:n], speed, foot)
         if done:
@@ -211,11 +226,13 @@ def replay(cols: list[Column], runs: list[Tracker], htmls: list[str], note: str 
     rows = []
     base = None
     for col, tr in zip(cols, runs, strict=True):
-        tps = tr.last.stats.tokens_per_s if tr.last is not None else 0.0
+        r = tr.reply
+        tps = r.stats.tokens_per_s if r is not None else 0.0
         base = tps if base is None else base
         rows.append({
-            "label": col.label, "target": col.target, "drafter": tr.drafter or col.drafter,
-            "gamma": tr.gamma_label or col.gamma, "tokens_per_s": tps,
+            "label": col.label, "target": col.target, "drafter": r.drafter if r is not None else col.drafter,
+            "gamma": r.gamma if r is not None else col.gamma, "framing": r.framing if r is not None else None,
+            "tokens_per_s": tps,
             "speedup": tps / base if base else 0.0,
             "generated": len(tr.tokens), "text": tr.text, "error": tr.error,
             "finish_reason": tr.finish_reason,

@@ -1,4 +1,4 @@
-"""Text, HTML and plot data the UI shows; pure functions of a Tracker (no Gradio here)."""
+"""Text, HTML and plot data the UI shows; pure functions of a Tracker and its Reply (no Gradio here)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ CSS = """
 .es-out { white-space: pre-wrap; line-height: 1.55; }
 .tok-draft { background: #bbf7d0; color: #14532d; border-radius: 3px; }
 .tok-bonus { background: #bae6fd; color: #0c4a6e; border-radius: 3px; }
-.tok-target { }
+.tok-target { box-shadow: inset 0 0 0 1px #9ca3af; border-radius: 3px; box-decoration-break: clone;
+  -webkit-box-decoration-break: clone; }
 .dark .tok-draft { background: #166534; color: #ecfdf5; }
 .dark .tok-bonus { background: #075985; color: #f0f9ff; }
+.dark .tok-target { box-shadow: inset 0 0 0 1px #6b7280; }
 .es-legend span { padding: 1px 6px; margin-right: 8px; }
-.es-legend .tok-target { border: 1px solid #999; border-radius: 3px; }
 .es-stats { font-size: 0.82em; opacity: 0.8; margin-top: 6px; }
 .es-error { color: #b91c1c; font-weight: 600; }
 .es-plot-legend { font-size: 0.85em; margin: 4px 0 -4px 0; }
@@ -56,22 +57,31 @@ def segments_html(segments: Sequence[tuple[str, str]]) -> str:
     return f'<div class="es-out">{spans}</div>'
 
 
+ACCEPTANCE = "acceptance (per drafted token)"  # Stats.acceptance_rate: accepted / drafted
+ALPHA = "alpha (per tested token)"  # Stats.alpha: the paper's alpha, accepted / (accepted + rejections)
+
+
 def stats_line(tr: Tracker) -> str:
-    """`12.3 tok/s | 120 tokens | TTFT 0.05 s | accepted 83/120 draft tokens, 69% | ...`"""
-    if tr.last is None:
+    """`12.3 tok/s | 120 tokens | TTFT 0.05 s | acceptance (per drafted token) 69% (83/120) | ...`,
+    every figure read off the Reply."""
+    r = tr.reply
+    if r is None:
         return f"error: {tr.error}" if tr.error else "loading..."
-    st = tr.last.stats
+    st = r.stats
     parts = [
         f"{st.tokens_per_s:.1f} tok/s",
         f"{st.generated} tokens",
         f"TTFT {st.ttft_s:.2f} s" if st.ttft_s is not None else "TTFT -",
     ]
     if st.drafted:
-        parts.append(f"accepted {st.accepted}/{st.drafted} draft tokens, {100 * st.acceptance_rate:.0f}%")
+        parts.append(f"{ACCEPTANCE} {100 * st.acceptance_rate:.0f}% ({st.accepted}/{st.drafted})")
+        parts.append(f"{ALPHA} {st.alpha:.2f}")
     parts.append(f"{st.tokens_per_call:.2f} tokens per target call")
-    drafter = tr.drafter or "none"
-    parts.append(f"drafter {drafter}" + (f" (gamma {tr.gamma_label})" if drafter != "none" else ""))
-    reason = tr.finish_reason
+    if r.measured_speedup is not None and r.predicted_speedup is not None:
+        parts.append(f"speedup {r.measured_speedup:.2f}x measured, {r.predicted_speedup:.2f}x predicted")
+    parts.append(f"drafter {r.drafter}" + (f" (gamma {r.gamma})" if r.drafter != "none" else ""))
+    parts.append(f"framing {r.framing}")
+    reason = r.finish_reason
     if reason == "stopped":
         parts.append("stopped")
     elif reason == "context":
@@ -82,18 +92,23 @@ def stats_line(tr: Tracker) -> str:
 
 
 def live_summary(tr: Tracker) -> str:
-    """Markdown for the live stats panel."""
+    """Markdown for the live stats panel (the latest target call's figures, from the Reply)."""
     if not tr.points:
         return "No steps yet."
     p = tr.points[-1]
-    return (
-        f"**step {p.step}** | gamma chosen {p.gamma} | acceptance alpha {p.alpha:.2f} | "
-        f"{p.tokens_per_call:.2f} tokens per target call | speedup predicted {p.predicted:.2f}x, "
-        f"measured {p.measured:.2f}x"
-    )
+    parts = [f"**step {p.step}**", f"gamma chosen {p.gamma}"]
+    if tr.reply is not None and tr.reply.stats.drafted:
+        parts += [f"{ACCEPTANCE} {100 * p.acceptance:.0f}%", f"{ALPHA} {p.alpha:.2f}"]
+    parts.append(f"{p.tokens_per_call:.2f} tokens per target call")
+    if p.predicted is not None and p.measured is not None:
+        parts.append(f"speedup predicted {p.predicted:.2f}x, measured {p.measured:.2f}x")
+    else:
+        parts.append("no drafter: plain decoding")
+    return " | ".join(parts)
 
 
-STEP_COLORS = {"gamma chosen": "#7c3aed", "tokens per target call": "#0284c7", "acceptance alpha": "#16a34a"}
+STEP_COLORS = {"gamma chosen": "#7c3aed", "tokens per target call": "#0284c7", ACCEPTANCE: "#16a34a",
+               ALPHA: "#ca8a04"}
 SPEED_COLORS = {"predicted (paper formula)": "#ea580c", "measured": "#0f172a"}
 
 
@@ -111,11 +126,14 @@ def steps_frame(tr: Tracker) -> pd.DataFrame | None:
     before the first step (a plot first given an empty frame never draws its lines)."""
     if not tr.points:
         return None
+    drafting = tr.reply is not None and tr.reply.stats.drafted > 0
     rows = []
     for p in tr.points:
         rows.append((p.step, float(p.gamma), "gamma chosen"))
         rows.append((p.step, p.tokens_per_call, "tokens per target call"))
-        rows.append((p.step, p.alpha, "acceptance alpha"))
+        if drafting:
+            rows.append((p.step, p.acceptance, ACCEPTANCE))
+            rows.append((p.step, p.alpha, ALPHA))
     return _frame(rows, ["step", "value", "series"])
 
 
@@ -125,10 +143,11 @@ def speedup_frame(tr: Tracker) -> pd.DataFrame | None:
         return None
     rows = []
     for p in tr.points:
-        rows.append((p.step, p.predicted, "predicted (paper formula)"))
+        if p.predicted is not None:
+            rows.append((p.step, p.predicted, "predicted (paper formula)"))
         if p.measured:
             rows.append((p.step, p.measured, "measured"))
-    return _frame(rows, ["step", "speedup", "series"])
+    return _frame(rows, ["step", "speedup", "series"]) if rows else None
 
 
 def _frame(rows: list[tuple], columns: list[str]) -> pd.DataFrame:
