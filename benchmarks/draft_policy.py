@@ -5,74 +5,84 @@ probability falls below p_min), on the derived same-vocabulary pair and mixed Sp
     .venv/bin/python -m benchmarks.draft_policy [--prompts N] [--max-tokens N] [--repeats R]
 
 Configurations are interleaved per prompt (rotating order); medians of repeats; ratios against the
-plain baseline measured in the same run. Greedy decoding.
+plain baseline measured in the same run. Greedy decoding. Every configuration is a session Request;
+the p_min cutoff is a drafter registered here ('model-pmin:PATH'), the registry's plug-in way.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.suite import load_suite, resolve_framing, shipped_suites
+from edgespec.drafters import DraftContext, register
+from edgespec.drafters.model import ModelDrafter
+from edgespec.loader import RuntimeOptions, load_model
+from edgespec.session import Request, Session
 
-from edgespec.adaptive import AutoGamma  # noqa: E402
-from edgespec.drafters.model import ModelDrafter  # noqa: E402
-from edgespec.engine import Engine, GenerationConfig, collect  # noqa: E402
-from edgespec.factory import RuntimeOptions, load_model  # noqa: E402
-from models.derive import derive_pair  # noqa: E402
+P_MIN = 0.75  # llama.cpp's default draft-probability cutoff
+WANTED = ["writing", "qa", "translation", "summarization", "coding", "rag", "math_reasoning", "extraction"]
 
-SPEC_BENCH = ROOT.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
+
+@register("model-pmin", f"a draft model that stops drafting below top probability {P_MIN} (benchmarks.draft_policy)",
+          takes_model=True)
+def _pmin_drafter(ctx: DraftContext) -> ModelDrafter:
+    return ModelDrafter(load_model(ctx.arg, ctx.opts), ctx.target, p_min=P_MIN)
 
 
 def mixed_prompts(n: int) -> list[str]:
-    wanted = ["writing", "qa", "translation", "summarization", "coding", "rag", "math_reasoning", "extraction"]
     by_cat: dict[str, str] = {}
-    for line in SPEC_BENCH.read_text().splitlines():
-        q = json.loads(line)
-        by_cat.setdefault(q["category"], q["turns"][0])
-    return [by_cat[c] for c in wanted if c in by_cat][:n]
+    for pr in load_suite(shipped_suites()["spec_bench"]):
+        by_cat.setdefault(pr.category, pr.text)
+    return [by_cat[c] for c in WANTED if c in by_cat][:n]
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.draft_policy",
+                                 description="Draft model: gamma auto vs fixed gamma vs the p_min cutoff")
     ap.add_argument("--prompts", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
-    opts = RuntimeOptions(n_ctx=4096)
+    from models.derive import derive_pair
+
     target_path, draft_path = derive_pair()
-    target = load_model(str(target_path), opts)
-    draft = load_model(str(draft_path), opts)
-    configs = {
-        "baseline": lambda: Engine(target, None),
-        "draft gamma=auto": lambda: Engine(target, ModelDrafter(draft, target), AutoGamma()),
-        "draft gamma=4": lambda: Engine(target, ModelDrafter(draft, target), 4),
-        "draft gamma<=16, p_min 0.75": lambda: Engine(target, ModelDrafter(draft, target, p_min=0.75), 16),
+    session = Session.load(str(target_path), RuntimeOptions(n_ctx=4096))
+    framing = resolve_framing(session.target, "auto")
+    configs = {  # name: (draft spec, gamma)
+        "baseline": ("none", "0"),
+        "draft gamma=auto": (f"model:{draft_path}", "auto"),
+        "draft gamma=4": (f"model:{draft_path}", "4"),
+        f"draft gamma<=16, p_min {P_MIN}": (f"model-pmin:{draft_path}", "16"),
     }
     names = list(configs)
     ratios: dict[str, list[float]] = {n: [] for n in names}
     accept: dict[str, list[float]] = {n: [] for n in names}
-    print(f"target {target_path.name}, draft {draft_path.name}, {args.max_tokens} tokens, greedy\n")
+    print(f"target {target_path.name}, draft {draft_path.name}, {args.max_tokens} tokens, greedy, framing {framing}\n")
     print("| prompt | " + " | ".join(names) + " |")
     print("|---|" + "---|" * len(names))
-    for text in mixed_prompts(args.prompts):
-        prompt = target.tokenize(target.apply_chat_template([{"role": "user", "content": text}]), parse_special=True)
-        tps: dict[str, list[float]] = {n: [] for n in names}
-        for r in range(args.repeats):
-            for name in names[r % len(names):] + names[: r % len(names)]:
-                res = collect(configs[name]().generate(prompt, GenerationConfig(max_tokens=args.max_tokens)))
-                tps[name].append(res.stats.tokens_per_s)
-                if res.stats.drafted:
-                    accept[name].append(res.stats.acceptance_rate)
-        med = {n: statistics.median(v) for n, v in tps.items()}
-        for n in names:
-            ratios[n].append(med[n] / med["baseline"])
-        print(f"| {text[:36]!r} | " + " | ".join(f"{med[n]:.1f} ({med[n] / med['baseline']:.2f}x)" for n in names) + " |",
-              flush=True)
+    try:
+        prompts = mixed_prompts(args.prompts)
+        for draft, gamma in configs.values():  # untimed: loads draft models, profiles, warms caches
+            session.run(Request(text=prompts[0], framing=framing, draft=draft, gamma=gamma, max_tokens=8))
+        for text in prompts:
+            tps: dict[str, list[float]] = {n: [] for n in names}
+            for r in range(args.repeats):
+                for name in names[r % len(names):] + names[: r % len(names)]:
+                    draft, gamma = configs[name]
+                    reply = session.run(Request(text=text, framing=framing, draft=draft, gamma=gamma,
+                                                max_tokens=args.max_tokens))
+                    tps[name].append(reply.stats.tokens_per_s)
+                    if reply.stats.drafted:
+                        accept[name].append(reply.stats.acceptance_rate)
+            med = {n: statistics.median(v) for n, v in tps.items()}
+            for n in names:
+                ratios[n].append(med[n] / med["baseline"])
+            print(f"| {text[:36]!r} | " + " | ".join(f"{med[n]:.1f} ({med[n] / med['baseline']:.2f}x)" for n in names)
+                  + " |", flush=True)
+    finally:
+        session.close()
     print("| **median ratio** | " + " | ".join(f"**{statistics.median(ratios[n]):.2f}x**" for n in names) + " |")
     print("| acceptance | " + " | ".join(f"{statistics.mean(accept[n]):.2f}" if accept[n] else "-" for n in names) + " |")
     return 0

@@ -24,24 +24,25 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.suite import load_suite, resolve_framing, shipped_suites
+from edgespec import runtime
+from edgespec.exactness import explain_divergence
+from edgespec.loader import RuntimeOptions, prepare_runtime
+from edgespec.session import Request, Session, frame
 
-from edgespec import runtime  # noqa: E402
-from edgespec.adaptive import AutoGamma  # noqa: E402
-from edgespec.drafters.ngram import NgramDrafter  # noqa: E402
-from edgespec.engine import Engine, GenerationConfig, collect  # noqa: E402
-from edgespec.exactness import explain_divergence  # noqa: E402
-from edgespec.factory import RuntimeOptions, load_model, prepare_runtime  # noqa: E402
+BARE = "bare llama_cpp loop"
+# Configurations of the session: (draft, gamma) per name; all greedy.
+CONFIGS = {
+    "baseline": ("none", "0"),
+    "ngram gamma=auto": ("ngram", "auto"),
+    "ngram gamma=4": ("ngram", "4"),
+    "ngram gamma=16": ("ngram", "16"),
+}
 
-CODE_EDIT = ROOT / "benchmarks" / "suites" / "code_edit.jsonl"
-SPEC_BENCH = ROOT.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
 
-
-def encode(model: runtime.Model, text: str) -> list[int]:
-    if model.chat_template():
-        return model.tokenize(model.apply_chat_template([{"role": "user", "content": text}]), parse_special=True)
-    return model.tokenize(f"Question: {text}\nAnswer:")  # base models: the bench's `qa` framing
+def request(model: runtime.Model, text: str, draft: str = "none", gamma: str = "0", max_tokens: int = 256) -> Request:
+    """Chat template if the model has one, else the bench's Question/Answer frame."""
+    return Request(text=text, framing=resolve_framing(model, "auto"), draft=draft, gamma=gamma, max_tokens=max_tokens)
 
 
 def bare_loop(model: runtime.Model, prompt: list[int], n: int) -> float:
@@ -63,32 +64,29 @@ def bare_loop(model: runtime.Model, prompt: list[int], n: int) -> float:
     return n / dt
 
 
-def speed(model: runtime.Model, prompts: list[str], max_tokens: int, repeats: int) -> dict:
+def speed(session: Session, prompts: list[str], max_tokens: int, repeats: int) -> dict:
     """Interleaved runs per prompt; returns median tok/s and ratios per configuration."""
-    configs = {
-        "baseline": lambda: Engine(model, None),
-        "ngram gamma=auto": lambda: Engine(model, NgramDrafter(), AutoGamma()),
-        "ngram gamma=4": lambda: Engine(model, NgramDrafter(), 4),
-        "ngram gamma=16": lambda: Engine(model, NgramDrafter(), 16),
-    }
+    model = session.target
+    for draft, gamma in CONFIGS.values():  # untimed: cost profile, caches, lazy allocations
+        session.run(request(model, prompts[0], draft, gamma, 8))
     rows = []
     for text in prompts:
-        prompt = encode(model, text)
-        tps: dict[str, list[float]] = {name: [] for name in configs}
-        tps["bare llama_cpp loop"] = []
+        prompt = frame(model, request(model, text)).tokens
+        tps: dict[str, list[float]] = {name: [] for name in [*CONFIGS, BARE]}
         outputs: dict[str, list[int]] = {}
         acc: dict[str, float] = {}
-        names = list(configs) + ["bare llama_cpp loop"]
+        names = list(tps)
         for r in range(repeats):
             for name in names[r % len(names):] + names[: r % len(names)]:  # rotate the order
-                if name == "bare llama_cpp loop":
+                if name == BARE:
                     n = len(outputs.get("baseline", [])) or max_tokens
                     tps[name].append(bare_loop(model, prompt, n))
                     continue
-                res = collect(configs[name]().generate(prompt, GenerationConfig(max_tokens=max_tokens)))
-                tps[name].append(res.stats.tokens_per_s)
-                outputs[name] = res.tokens
-                acc[name] = res.stats.acceptance_rate
+                draft, gamma = CONFIGS[name]
+                reply = session.run(request(model, text, draft, gamma, max_tokens))
+                tps[name].append(reply.stats.tokens_per_s)
+                outputs[name] = reply.tokens
+                acc[name] = reply.stats.acceptance_rate
         med = {k: statistics.median(v) for k, v in tps.items()}
         base = med["baseline"]
         rows.append({
@@ -96,17 +94,18 @@ def speed(model: runtime.Model, prompts: list[str], max_tokens: int, repeats: in
             "tokens_per_s": med,
             "ratio": {k: v / base for k, v in med.items()},
             "acceptance": acc,
-            "identical_to_baseline": {k: outputs[k] == outputs["baseline"] for k in configs},
+            "identical_to_baseline": {k: outputs[k] == outputs["baseline"] for k in CONFIGS},
         })
     return {"rows": rows}
 
 
-def divergence(model: runtime.Model, questions: list[str], max_tokens: int) -> dict:
+def divergence(session: Session, questions: list[str], max_tokens: int) -> dict:
+    model = session.target
     cases = []
     for text in questions:
-        prompt = encode(model, text)
-        base = collect(Engine(model, None).generate(prompt, GenerationConfig(max_tokens=max_tokens)))
-        spec = collect(Engine(model, NgramDrafter(), 4).generate(prompt, GenerationConfig(max_tokens=max_tokens)))
+        prompt = frame(model, request(model, text)).tokens
+        base = session.run(request(model, text, "none", "0", max_tokens))
+        spec = session.run(request(model, text, "ngram", "4", max_tokens))
         d = explain_divergence(model, prompt, base.tokens, spec.tokens)
         cases.append({"prompt": text[:50], "diverged": d is not None, **(d.to_dict() if d else {})})
     n_div = sum(c["diverged"] for c in cases)
@@ -117,31 +116,30 @@ def divergence(model: runtime.Model, questions: list[str], max_tokens: int) -> d
 def spec_bench_subset(per_category: int) -> list[str]:
     seen: dict[str, int] = {}
     out = []
-    for line in SPEC_BENCH.read_text().splitlines():
-        q = json.loads(line)
-        if seen.get(q["category"], 0) < per_category:
-            seen[q["category"]] = seen.get(q["category"], 0) + 1
-            out.append(q["turns"][0])
+    for pr in load_suite(shipped_suites()["spec_bench"]):
+        if seen.get(pr.category, 0) < per_category:
+            seen[pr.category] = seen.get(pr.category, 0) + 1
+            out.append(pr.text)
     return out
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.engine_speed", description=__doc__.split("\n")[0])
     ap.add_argument("--exact", action="store_true")
     ap.add_argument("--quick", action="store_true", help="fewer prompts and tokens (a smoke run)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     opts = RuntimeOptions(n_ctx=4096, flash_attn="auto", exact=args.exact)
-    code = [json.loads(line)["prompt"] for line in CODE_EDIT.read_text().splitlines()][: 1 if args.quick else 3]
+    code = [pr.text for pr in load_suite(shipped_suites()["code_edit"])][: 1 if args.quick else 3]
     questions = spec_bench_subset(1 if args.quick else 2)
     max_tokens, repeats = (64, 1) if args.quick else (160, 3)
     mode = "exact" if args.exact else "fast"
     prepare_runtime(opts)  # the library must be chosen before anything loads llama_cpp
     report = {"mode": mode, "system_info": runtime.system_info(), "models": {}}
     for name in ("gemma3-270m", "smollm2-135m"):
-        model = load_model(name, opts)
+        session = Session.load(name, opts)
         print(f"\n## {name} ({mode} mode)\n", flush=True)
-        sp = speed(model, code, max_tokens, repeats)
+        sp = speed(session, code, max_tokens, repeats)
         cols = list(sp["rows"][0]["tokens_per_s"])
         print("| prompt | " + " | ".join(cols) + " |")
         print("|---|" + "---|" * len(cols))
@@ -151,14 +149,14 @@ def main() -> int:
         for row in sp["rows"]:
             print(f"identical to baseline: {row['identical_to_baseline']}; acceptance: "
                   + ", ".join(f"{k} {v:.2f}" for k, v in row["acceptance"].items()))
-        dv = divergence(model, questions, max_tokens)
+        dv = divergence(session, questions, max_tokens)
         print(f"\ngreedy divergence from plain decoding (ngram gamma=4, {max_tokens} tokens): "
               f"{dv['diverged']}/{dv['total']} prompts; all at near-ties: {dv['all_near_ties']}")
         for c in dv["cases"]:
             if c["diverged"]:
                 print(f"  - {c['prompt']!r}: position {c['position']}, top-2 gap {c['top2_gap']:.3f}")
         report["models"][name] = {"speed": sp, "divergence": dv}
-        model.close()
+        session.close()
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1))
     return 0

@@ -1,4 +1,5 @@
-"""`python app.py bench`: suites, results.json consistency, bad input, Ctrl-C, --verify-cost.
+"""`python app.py bench` (benchmarks.bench): suites, results.json consistency, the session layer's
+predicted speedup and stored cost profile, bad input, Ctrl-C, --verify-cost.
 
 End-to-end runs use SmolLM2 with a tiny suite (a few prompts, <= 32 tokens, 1 repeat) and one
 thread, so they stay fast on a shared 2-core machine."""
@@ -17,11 +18,12 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, run_app
 
-from edgespec.bench import BASELINE, REF_LOOKUP, REF_PLAIN, aggregate, predicted_speedup
-from edgespec.bench_suite import load_suite, load_suites
+from benchmarks.bench import BASELINE, REF_LOOKUP, REF_PLAIN, BenchSettings, aggregate
+from benchmarks.suite import load_suite, load_suites, resolve_framing, shipped_suites
+from edgespec.costs import CostModel
 from edgespec.engine import first_divergence
 from edgespec.errors import EdgeSpecError
-from edgespec.theory import walltime_speedup
+from edgespec.session import QA_FRAME, Request, frame
 
 CODE = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
 TINY = [
@@ -43,12 +45,16 @@ def test_load_suite_reads_both_formats(tmp_path):
     assert prompts[1].text == "Repeat this sentence: the cat sat on the mat."  # first turn only
 
 
-def test_spec_bench_file_loads_with_filters():
-    path = ROOT.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
-    if not path.is_file():
-        pytest.skip("Spec-Bench questions not present")
-    prompts = load_suites([path], ["summarization", "rag"], per_category=2)
+def test_shipped_spec_bench_loads_with_filters():
+    suites = shipped_suites()
+    assert set(suites) == {"code_edit", "spec_bench"}
+    assert suites["spec_bench"].parent == ROOT / "benchmarks" / "suites"  # package data, found by importlib
+    prompts = load_suites([suites["spec_bench"]], ["summarization", "rag"], per_category=2)
     assert [p.category for p in prompts] == ["summarization"] * 2 + ["rag"] * 2
+    by_name = load_suites(["spec_bench"], ["summarization", "rag"], per_category=2)  # `--suite spec_bench`
+    assert [p.id for p in by_name] == [p.id for p in prompts]
+    assert len(load_suite("spec_bench")) == 480
+    assert "Apache License" in (suites["spec_bench"].parent / "SPEC_BENCH_LICENSE").read_text()
 
 
 @pytest.mark.parametrize(
@@ -90,16 +96,35 @@ def test_bad_suite_cli_error_is_one_line(tmp_path):
     assert not (tmp_path / "o" / "results.json").exists()
 
 
-# ------------------------------------------------------------------------------------- formulas
-def test_predicted_speedup_matches_the_paper_for_a_fixed_gamma():
-    costs = {1: 0.010, 2: 0.012, 3: 0.013, 4: 0.015, 5: 0.016}
-    stats = {"gamma_hist": {"4": 10}, "acceptance_rate": 0.7, "draft_s": 0.004, "drafted": 40}
-    c = (0.004 / 40) / 0.010
-    assert predicted_speedup(stats, costs) == pytest.approx(walltime_speedup(0.7, 4, c, 1.6))
-    # Steps that drafted nothing count as plain decoding: one token for one single-token pass.
-    mixed = {**stats, "gamma_hist": {"0": 10, "4": 10}}
-    expect = (10 * 1 + 10 * (1 - 0.7**5) / 0.3) / (10 * 1 + 10 * (4 * c + 1.6))
-    assert predicted_speedup(mixed, costs) == pytest.approx(expect)
+# ------------------------------------------------------------------------------------- settings
+@pytest.mark.parametrize(
+    ("kw", "needle"),
+    [
+        ({"gammas": ["fast"]}, "gamma must be a whole number >= 0 or 'auto', got 'fast'"),
+        ({"gammas": ["65"]}, "gamma 65 is more than a step can verify"),
+        ({"drafts": ["none"]}, "the baseline always runs"),
+        ({"framing": "transcript"}, "--framing must be one of auto, chat, qa, raw"),
+        ({"repeats": 0}, "--repeats must be >= 1"),
+    ],
+)
+def test_bad_settings_fail_before_anything_loads(kw, needle):
+    with pytest.raises(EdgeSpecError) as exc:
+        BenchSettings(suites=["code_edit"], target="no-such-model", **kw)
+    assert needle in str(exc.value)
+
+
+def test_bench_framing_is_resolved_before_the_session(smollm2):
+    """The bench's 'auto' is the chat template when there is one (else qa); what reaches the
+    session is always explicit, and the tokens are the session's framing of it."""
+    assert resolve_framing(smollm2, "auto") == "chat"  # SmolLM2-Instruct has a template
+    assert resolve_framing(smollm2, "qa") == "qa" and resolve_framing(smollm2, "raw") == "raw"
+    with pytest.raises(EdgeSpecError, match="framing must be one of"):
+        resolve_framing(smollm2, "transcript")
+    text = "What is 2 + 2?"
+    qa = frame(smollm2, Request(text=text, framing="qa")).tokens
+    assert qa == smollm2.tokenize(QA_FRAME.format(prompt=text), add_special=True)
+    chat = frame(smollm2, Request(text=text, framing="chat")).tokens
+    assert chat != qa and text in smollm2.detokenize(chat)
 
 
 def test_aggregate_is_total_tokens_over_total_seconds():
@@ -130,6 +155,7 @@ def tiny_run(tmp_path_factory):
 
 def test_bench_writes_results_report_and_plots(tiny_run):
     r, out, res = tiny_run
+    assert "Traceback" not in r.stderr
     names = [c["name"] for c in res["meta"]["configs"]]
     assert names == [BASELINE, "ngram g=auto", "ngram g=3", REF_PLAIN, REF_LOOKUP]
     assert [p["id"] for p in res["prompts"]] == ["edit1", "7", "edit2"]
@@ -145,6 +171,14 @@ def test_bench_writes_results_report_and_plots(tiny_run):
     assert "ngram g=auto" in r.stdout and "tok/s" in r.stdout
     costs = res["meta"]["verify_cost_s"]
     assert sorted(int(k) for k in costs) == list(range(1, 18)) and all(v > 0 for v in costs.values())
+    # T(K) in the report is the stored cost profile (kept where EDGESPEC_PROFILES points), not a
+    # measurement of the bench's own.
+    stored = json.loads(Path(res["meta"]["cost_profile"]).read_text())
+    assert Path(res["meta"]["cost_profile"]).parent == Path(os.environ["EDGESPEC_PROFILES"])
+    if not res["meta"]["cost_profile_changed"]:
+        assert {k: stored["pass_s"][k] for k in costs} == costs
+    else:  # re-measured during the run (session.check_t1 judged it stale): said so in the report
+        assert "measured again during the run" in (out / "report.md").read_text()
 
 
 def test_bench_numbers_are_consistent(tiny_run):
@@ -167,6 +201,16 @@ def test_bench_numbers_are_consistent(tiny_run):
                     assert e["target_calls"] >= math.ceil(e["generated"] / 4)  # at most 3 drafts + 1 a call
                 assert e["tokens_per_call"] == pytest.approx(e["generated"] / e["target_calls"])
                 assert e["predicted_speedup"] > 0
+                # Reply.predicted_speedup: the one cost model over the reported T(K) profile
+                if not res["meta"]["cost_profile_changed"]:
+                    cm = CostModel({int(k): v for k, v in res["meta"]["verify_cost_s"].items()})
+                    hist = {int(k): n for k, n in e["gamma_hist"].items()}
+                    expect = cm.predicted_for(hist, e["alpha"], e["draft_s"], e["drafted"])
+                    assert e["predicted_speedup"] == pytest.approx(expect, rel=1e-9)
+                if name == "ngram g=3":
+                    assert set(e["gamma_hist"]) <= {"0", "1", "2", "3"}
+            else:
+                assert e.get("predicted_speedup") is None  # no drafter, no cost model
             if e["kind"] == "reference":
                 own = p["results"][REF_PLAIN]["tokens_per_s"]
                 assert e["speedup_vs_own_baseline"] == pytest.approx(e["tokens_per_s"] / own)

@@ -1,5 +1,6 @@
-"""Bench tab: it builds inside a Blocks/Tab and its run function streams status, then the report
-and plots of a real (tiny) run."""
+"""Bench tab: it builds inside a Blocks/Tab from the app's context, offers the suites shipped as
+package data, streams status then the report and plots of a real (tiny) run, and a Stop in one
+browser session ends that session's run only."""
 
 from __future__ import annotations
 
@@ -8,24 +9,41 @@ import threading
 from pathlib import Path
 
 import gradio as gr
+import gradio.utils
 
-from edgespec.ui.bench_tab import bench_tab, run_small_suite, suite_choices
+from edgespec.loader import RuntimeOptions
+from edgespec.ui.bench_tab import bench_tab, run_for_session, run_small_suite, stop_for_session, suite_choices
+from edgespec.ui.context import AppContext, Defaults
+from edgespec.ui.pool import ModelPool
+
+
+def make_ctx() -> AppContext:
+    return AppContext(ModelPool(RuntimeOptions(n_ctx=2048, n_threads=1)), Defaults())
+
+
+def write_suite(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return str(path)
 
 
 def test_tab_builds_and_lists_the_shipped_suites():
     with gr.Blocks() as app:
         with gr.Tab("Bench"):
-            bench_tab()
-    labels = [label for label, _ in suite_choices()]
-    assert "code_edit" in labels
+            bench_tab(make_ctx())
+    choices = dict(suite_choices())
+    assert set(choices) == {"code_edit", "Spec-Bench"}
+    assert all(Path(p).is_file() and p.endswith(".jsonl") for p in choices.values())
     assert any(isinstance(c, gr.Gallery) for c in app.blocks.values())
+    # Run and Stop both get the browser session (gr.Request) that keys their stop flag.
+    fns = [f.fn for f in app.fns.values()]
+    assert len(fns) == 2
+    assert all(gradio.utils.get_type_hints(fn).get("request") is gr.Request for fn in fns)
 
 
 def test_run_small_suite_streams_then_shows_report_and_plots(tmp_path):
-    suite = tmp_path / "one.jsonl"
     row = {"id": "e1", "category": "code_edit", "prompt": "Rename f to g:\ndef f(x):\n    return x + 1\n"}
-    suite.write_text(json.dumps(row) + "\n", encoding="utf-8")
-    updates = list(run_small_suite(str(suite), "smollm2-135m", 1, 8, 1, False, threading.Event(), threads=1))
+    suite = write_suite(tmp_path / "one.jsonl", [row])
+    updates = list(run_small_suite(suite, "smollm2-135m", 1, 8, 1, False, threading.Event(), threads=1))
     assert updates[0][0].startswith("Running:")
     status, report, plots = updates[-1]
     assert status.startswith("done: 1 of 1 prompts")
@@ -33,13 +51,20 @@ def test_run_small_suite_streams_then_shows_report_and_plots(tmp_path):
     assert [Path(p).name for p in plots] == ["speedup_by_category.png", "measured_vs_predicted.png", "verify_cost.png"]
 
 
-def test_stop_ends_the_run_and_says_so(tmp_path):
-    suite = tmp_path / "two.jsonl"
-    rows = [{"id": f"p{i}", "category": "c", "prompt": f"Say {i}."} for i in range(2)]
-    suite.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    stop = threading.Event()
-    gen = run_small_suite(str(suite), "smollm2-135m", 2, 8, 1, False, stop, threads=1)
-    assert next(gen)[0].startswith("Running:")  # models are still loading
-    stop.set()
-    status, _, _ = list(gen)[-1]
-    assert status.startswith("stopped: 0 of 2 prompts")
+def test_stop_ends_only_that_sessions_run(tmp_path):
+    """Two browser sessions run the bench at once; Stop in session b ends b's run, a's finishes.
+    (With one stop flag per app, b's Stop ended a's run too, and a new run cleared a pending Stop.)"""
+    ctx = make_ctx()
+    one = write_suite(tmp_path / "one.jsonl", [{"id": "p0", "category": "c", "prompt": "Say 0."}])
+    two = write_suite(tmp_path / "two.jsonl", [{"id": f"p{i}", "category": "c", "prompt": f"Say {i}."} for i in range(2)])
+    a = run_for_session(ctx, "session-a", one, "smollm2-135m", 1, 8, 1, False, threads=1)
+    assert next(a)[0].startswith("Running:")  # a's models are loading
+    assert stop_for_session(ctx, "session-b") is False  # b has no run yet: nothing of a's is touched
+    b = run_for_session(ctx, "session-b", two, "smollm2-135m", 2, 8, 1, False, threads=1)
+    assert next(b)[0].startswith("Running:")
+    assert stop_for_session(ctx, "session-b") is True
+    status_b = list(b)[-1][0]
+    assert status_b.startswith("stopped: 0 of 2 prompts"), status_b
+    status_a, report_a, _ = list(a)[-1]
+    assert status_a.startswith("done: 1 of 1 prompts"), status_a
+    assert "| configuration | c | overall |" in report_a

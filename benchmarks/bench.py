@@ -6,8 +6,13 @@ prompt every configuration runs `repeats` times in a rotating order (baseline, c
 c1, c2, ..., baseline, ...), the median tokens/s per configuration is kept, and every speedup is
 a ratio of medians measured on the same prompt in the same run.
 
-`python app.py bench --verify-cost` measures T(K), the seconds of one target pass over K rows,
-and the best speedup speculation could give on this machine at perfect acceptance.
+Every generation goes through the session layer (`edgespec.session`): one loaded target, one
+`Request` per configuration and prompt, the `Reply` it folds to. The predicted speedup of a run is
+`Reply.predicted_speedup` and the T(K) in the report is the stored cost profile (`edgespec.costs`),
+the same numbers gamma auto plans with.
+
+`python app.py bench --verify-cost` measures T(K) afresh, the seconds of one target pass over K
+rows, and the best speedup speculation could give on this machine at perfect acceptance.
 """
 
 from __future__ import annotations
@@ -24,12 +29,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edgespec.bench_suite import FRAMINGS, Prompt, load_suites, tokenize_prompt
+from benchmarks.report import BASELINE, REF_LOOKUP, REF_PLAIN
+from benchmarks.suite import FRAMINGS, Prompt, load_suites, resolve_framing
 from edgespec.errors import EdgeSpecError
-
-BASELINE = "baseline"
-REF_PLAIN = "llama-cpp-python"
-REF_LOOKUP = "llama-cpp-python lookup"
+from edgespec.sampling import SamplingParams
+from edgespec.session import Request, parse_gamma
 
 
 @dataclass
@@ -67,6 +71,8 @@ class BenchSettings:
             raise EdgeSpecError(f"--framing must be one of {', '.join(FRAMINGS)}, got {self.framing!r}")
         if not self.drafts or any(d.strip() == "none" for d in self.drafts):
             raise EdgeSpecError("--draft names a candidate drafter (ngram or a draft model); the baseline always runs")
+        for g in self.gammas:
+            parse_gamma(g)  # a bad gamma fails before any model loads
 
     @property
     def greedy(self) -> bool:
@@ -81,6 +87,18 @@ class Config:
     kind: str  # 'baseline' | 'ours' | 'reference'
     draft: str = "none"
     gamma: str = "0"
+
+    def request(self, s: BenchSettings, text: str, framing: str, max_tokens: int | None = None) -> Request:
+        """The session request this configuration makes for one prompt (baseline and ours)."""
+        return Request(
+            text=text,
+            framing=framing,
+            draft=self.draft,
+            gamma=self.gamma,
+            ngram=s.ngram,
+            max_tokens=max_tokens or s.max_tokens,
+            sampling=SamplingParams(temperature=s.temperature, seed=s.seed),
+        )
 
 
 @dataclass
@@ -103,100 +121,81 @@ def configs_for(s: BenchSettings) -> list[Config]:
     return out
 
 
-def predicted_speedup(stats: dict, costs: dict[int, float]) -> float | None:
-    """Speedup the paper's formula predicts from this run's measured quantities.
-
-    Each step that drafted k tokens yields E(alpha, k) = (1 - alpha^(k+1)) / (1 - alpha) tokens on
-    average and costs k c + T(k+1)/T(1) single-token passes, so over the run's draft-length
-    histogram n_k:  S = sum n_k E(alpha, k) / sum n_k (k c + T(k+1)/T(1)),
-    with alpha the measured acceptance rate, c = (draft seconds per drafted token) / T(1), and T(K)
-    from `measure_pass_costs` (the largest measured K stands in for larger ones, scaled linearly).
-    """
-    from edgespec.theory import expected_tokens
-
-    hist = {int(k): n for k, n in stats["gamma_hist"].items()}
-    if not hist or 1 not in costs:
-        return None
-    t1 = costs[1]
-    kmax = max(costs)
-    alpha = stats["acceptance_rate"]
-    c = stats["draft_s"] / stats["drafted"] / t1 if stats["drafted"] else 0.0
-
-    def t_ratio(rows: int) -> float:
-        return (costs[rows] if rows in costs else costs[kmax] * rows / kmax) / t1
-
-    tokens = sum(n * expected_tokens(alpha, k) for k, n in hist.items())
-    cost = sum(n * (k * c + t_ratio(k + 1)) for k, n in hist.items())
-    return tokens / cost
-
-
 class Runner:
-    """Loads the target once and runs every configuration on it (references get their own contexts)."""
+    """One session (the target, loaded once, and the draft models kept for it) runs every
+    configuration of ours; the llama-cpp-python references get their own contexts."""
 
     def __init__(self, s: BenchSettings, log: Callable[[str], None]) -> None:
-        from edgespec.factory import RuntimeOptions, load_model, make_drafter
+        from edgespec import costs, drafters
+        from edgespec.loader import RuntimeOptions
+        from edgespec.session import Session
 
         self.s = s
         self.opts = RuntimeOptions(n_ctx=s.n_ctx, n_threads=s.n_threads, flash_attn=s.flash_attn, exact=s.exact)
         log(f"loading {s.target}")
-        self.target = load_model(s.target, self.opts)
-        self.configs = configs_for(s)
-        self.drafters = {}
-        for cfg in self.configs:
-            if cfg.kind == "ours" and cfg.draft not in self.drafters:
-                log(f"loading drafter {cfg.draft}")
-                self.drafters[cfg.draft] = make_drafter(cfg.draft, self.target, self.opts, s.ngram)
-        self.refs = {}
-        if s.reference:
-            from edgespec.bench_reference import Reference
+        self.session = Session.load(s.target, self.opts)
+        self.target = self.session.target
+        self.refs: dict = {}
+        try:
+            self.framing = resolve_framing(self.target, s.framing)
+            self.configs = configs_for(s)
+            for cfg in self.configs:
+                if cfg.kind == "ours" and drafters.kinds()[drafters.split_spec(cfg.draft)[0]].takes_model:
+                    log(f"loading drafter {cfg.draft}")
+                    self.session.drafter(cfg.draft, s.ngram)  # kept by the session for every run
+            if s.reference:
+                from benchmarks.reference import Reference
 
-            log("loading llama-cpp-python references")
-            for cfg, lookup in ((REF_PLAIN, False), (REF_LOOKUP, True)):
-                self.refs[cfg] = Reference(
-                    self.target,
-                    lookup=lookup,
-                    n_ctx=self.target.n_ctx,
-                    n_threads=self.target.n_threads,
-                    flash_attn=self.target.flash_attn != "off",
-                    num_pred_tokens=s.lookup_tokens,
-                    max_ngram_size=s.lookup_ngram,
-                )
-        fixed = [int(g) for g in s.gammas if g.strip().lower() != "auto"]
-        self.max_rows = max([17, *(g + 1 for g in fixed)])  # AutoGamma drafts up to 16
-        log(f"measuring T(K) for K = 1..{self.max_rows}")
-        self.costs = measure_costs(self.target, list(range(1, self.max_rows + 1)), repeats=2)
+                log("loading llama-cpp-python references")
+                for name, lookup in ((REF_PLAIN, False), (REF_LOOKUP, True)):
+                    self.refs[name] = Reference(
+                        self.target,
+                        lookup=lookup,
+                        n_ctx=self.target.n_ctx,
+                        n_threads=self.target.n_threads,
+                        flash_attn=self.target.flash_attn != "off",
+                        num_pred_tokens=s.lookup_tokens,
+                        max_ngram_size=s.lookup_ngram,
+                    )
+            fixed = [int(g) for g in s.gammas if g.strip().lower() != "auto"]
+            rows = max([costs.K_MAX, *(g + 1 for g in fixed)])
+            log(f"cost profile T(K) for K = 1..{rows} (stored; measured on first use)")
+            profile = costs.profile(self.target, range(1, rows + 1))
+            self.costs = {k: profile.pass_s[k] for k in range(1, rows + 1)}
+            self.cost_profile = str(costs.profile_path(self.target))
+        except BaseException:
+            self.close()
+            raise
 
-    def run(self, cfg: Config, prompt: Sequence[int], max_tokens: int | None = None) -> Run:
-        from edgespec.engine import Engine, GenerationConfig, collect
-        from edgespec.factory import parse_gamma
-        from edgespec.sampling import SamplingParams
+    def profile_changed(self) -> bool:
+        """Whether the stored profile is no longer the one reported (the session found it stale
+        during the run and measured it again): later runs were predicted with other T(K)."""
+        from edgespec import costs
 
+        now = costs.Profile.read(Path(self.cost_profile))
+        return now is None or any(now.pass_s.get(k) != v for k, v in self.costs.items())
+
+    def frame(self, text: str) -> list[int]:
+        """The prompt's tokens as every configuration is fed them (the session's framing)."""
+        from edgespec.session import frame
+
+        return frame(self.target, Request(text=text, framing=self.framing, draft="none")).tokens
+
+    def run(self, cfg: Config, text: str, tokens: Sequence[int], max_tokens: int | None = None,
+            stop: threading.Event | None = None) -> Run:
+        """One timed generation of `cfg` on one prompt (`tokens` = `frame(text)`)."""
         s = self.s
-        n = max_tokens or s.max_tokens
         if cfg.kind == "reference":
-            r = self.refs[cfg.name].generate(prompt, n, s.temperature, s.seed)
+            r = self.refs[cfg.name].generate(tokens, max_tokens or s.max_tokens, s.temperature, s.seed)
             return Run(r.tokens, r.tokens_per_s)
-        drafter = self.drafters.get(cfg.draft)
-        gamma = parse_gamma(cfg.gamma)  # a fresh policy per run: no learning carried across prompts
-        engine = Engine(self.target, drafter, gamma)
-        gen = GenerationConfig(max_tokens=n, sampling=SamplingParams(temperature=s.temperature, seed=s.seed))
-        res = collect(engine.generate(prompt, gen))
-        stats = res.stats.to_dict()
-        pred = predicted_speedup(stats, self.costs) if drafter is not None else None
-        return Run(res.tokens, res.stats.tokens_per_s, stats, pred)
+        reply = self.session.run(cfg.request(s, text, self.framing, max_tokens), stop)
+        return Run(reply.tokens, reply.stats.tokens_per_s, reply.stats.to_dict(), reply.predicted_speedup)
 
     def close(self) -> None:
         for ref in self.refs.values():
             ref.close()
-        for d in self.drafters.values():
-            if d is not None:
-                d.close()
-
-
-def measure_costs(model, rows: list[int], repeats: int) -> dict[int, float]:
-    from edgespec.profile import measure_pass_costs
-
-    return measure_pass_costs(model, rows, repeats=repeats)
+        self.refs = {}
+        self.session.close()
 
 
 def _median_run(runs: list[Run]) -> Run:
@@ -216,7 +215,9 @@ def bench_prompt(runner: Runner, pr: Prompt, tokens: list[int], stop: threading.
         for cfg in cfgs[shift:] + cfgs[:shift]:
             if stop is not None and stop.is_set():
                 return None
-            runs[cfg.name].append(runner.run(cfg, tokens))
+            runs[cfg.name].append(runner.run(cfg, pr.text, tokens, stop=stop))
+    if stop is not None and stop.is_set():
+        return None  # the last run may have been cut short
 
     base_runs = runs[BASELINE]
     base_tokens = base_runs[0].tokens
@@ -247,6 +248,8 @@ def bench_prompt(runner: Runner, pr: Prompt, tokens: list[int], stop: threading.
                 target_calls=rep.stats["target_calls"],
                 tokens_per_call=rep.stats["tokens_per_call"],
                 gamma_hist=rep.stats["gamma_hist"],
+                alpha=rep.stats["alpha"],  # the median run's, with its draft_s: what predicted_speedup used
+                draft_s=rep.stats["draft_s"],
                 predicted_speedup=rep.predicted_speedup,
             )
         if s.greedy:
@@ -326,7 +329,7 @@ def run_bench(
     Ctrl-C (KeyboardInterrupt) or `stop` ends the run after writing what was finished: the prompt
     in progress is dropped and results.json says `"interrupted": true`.
     """
-    from edgespec.bench_report import write_outputs
+    from benchmarks.report import write_outputs
 
     prompts = load_suites(s.suites, s.categories, s.per_category)
     out = Path(out_dir)
@@ -346,7 +349,9 @@ def run_bench(
         "machine": platform.machine(),
         "platform": platform.platform(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "verify_cost_s": {str(k): v for k, v in runner.costs.items()},
+        "framing": runner.framing,
+        "verify_cost_s": {str(k): v for k, v in runner.costs.items()},  # the stored cost profile
+        "cost_profile": runner.cost_profile,
         "interrupted": False,
     }
     done: list[dict] = []
@@ -358,21 +363,18 @@ def run_bench(
         meta["prompts_done"] = len(done)
         results["categories"] = aggregate(done, names)
         if done:
-            # T(1) should be close to the baseline's seconds per token; far above it means the cost
-            # measurement hit a burst of machine load, and predicted speedups are not to be trusted.
+            # T(1) should be close to the baseline's seconds per token; far above it means the stored
+            # profile was measured under machine load, and predicted speedups are not to be trusted.
             base_s = 1.0 / results["categories"]["overall"][BASELINE]["tokens_per_s"]
             meta["verify_cost_suspect"] = runner.costs[1] > 2.0 * base_s
+        meta["cost_profile_changed"] = runner.profile_changed()
         write_outputs(results, out, runner.costs, plots=final)
 
     try:
-        encoded = []
-        for pr in prompts:
-            toks, framing = tokenize_prompt(runner.target, pr.text, s.framing)
-            meta["framing"] = framing
-            encoded.append(toks)
+        encoded = [runner.frame(pr.text) for pr in prompts]
         if encoded:  # one short untimed pass per configuration warms caches and lazy allocations
             for cfg in runner.configs:
-                runner.run(cfg, encoded[0], max_tokens=8)
+                runner.run(cfg, prompts[0].text, encoded[0], max_tokens=8)
         for i, (pr, toks) in enumerate(zip(prompts, encoded, strict=True)):
             if progress is not None:
                 progress(i, len(prompts), pr.id)
@@ -406,44 +408,49 @@ def verify_cost(target: str, opts_kw: dict, max_k: int, repeats: int, out_dir: s
     With every draft accepted (alpha = 1) and free drafting (c = 0), a pass over K rows yields K
     tokens for T(K)/T(1) single-token passes: the best speedup is max_K K T(1) / T(K).
     """
-    from edgespec.factory import RuntimeOptions, load_model
+    from edgespec.costs import measure_pass_costs
+    from edgespec.loader import RuntimeOptions, load_model
 
     if max_k < 2:
         raise EdgeSpecError(f"--max-k must be >= 2, got {max_k}")
     if repeats < 1:
         raise EdgeSpecError(f"--repeats must be >= 1, got {repeats}")
     model = load_model(target, RuntimeOptions(**opts_kw))
-    if max_k > model.n_batch:
-        raise EdgeSpecError(f"--max-k must be <= {model.n_batch}, got {max_k}")
-    costs = measure_costs(model, list(range(1, max_k + 1)), repeats)
+    try:
+        if max_k > model.n_batch:
+            raise EdgeSpecError(f"--max-k must be <= {model.n_batch}, got {max_k}")
+        path, description = model.path, model.info.description
+        costs = measure_pass_costs(model, list(range(1, max_k + 1)), repeats)
+    finally:
+        model.close()
     t1 = costs[1]
     rows = [{"k": k, "seconds": t, "t_ratio": t / t1, "ceiling_speedup": k * t1 / t} for k, t in costs.items()]
     best = max(rows, key=lambda r: r["ceiling_speedup"])
     res = {
-        "target": model.path,
-        "target_description": model.info.description,
+        "target": path,
+        "target_description": description,
         "repeats": repeats,
         "rows": rows,
         "best_k": best["k"],
         "ceiling_speedup": best["ceiling_speedup"],
     }
     if out_dir is not None:
-        from edgespec.bench_report import write_verify_cost
+        from benchmarks.report import write_verify_cost
 
         write_verify_cost(res, Path(out_dir))
-    model.close()
     return res
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from edgespec.cli import _Parser, add_runtime_args
+    from edgespec.args import Parser, add_runtime_args
 
-    ap = _Parser(
+    ap = Parser(
         prog="python app.py bench",
         description="Baseline vs speculative decoding over prompt suites (JSONL), with llama-cpp-python's "
         "prompt lookup as a reference; or --verify-cost to measure this machine's speculation ceiling.",
     )
-    ap.add_argument("--suite", action="append", default=[], help="JSONL suite file (repeatable)")
+    ap.add_argument("--suite", action="append", default=[],
+                    help="JSONL suite file, or the name of a shipped suite (code_edit, spec_bench) (repeatable)")
     ap.add_argument("--target", default=None, help="target model: .gguf path or bundled name (default smollm2-135m)")
     ap.add_argument("--draft", action="append", default=[], help="candidate drafter: ngram or a draft model (repeatable; default ngram)")
     ap.add_argument("--gamma", action="append", default=[], help="draft length: a number or auto (repeatable; default auto)")
@@ -467,7 +474,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    from edgespec.cli import parse_ngram
+    from edgespec.session import parse_ngram
     from models import DEFAULT_TARGET
 
     args = build_parser().parse_args(argv)
@@ -475,7 +482,7 @@ def main(argv: list[str]) -> int:
     runtime_kw = {"n_ctx": args.ctx, "n_threads": args.threads, "flash_attn": args.flash_attn, "exact": args.exact}
     if args.verify_cost:
         res = verify_cost(target, runtime_kw, args.max_k, args.repeats, args.out)
-        from edgespec.bench_report import verify_cost_markdown
+        from benchmarks.report import verify_cost_markdown
 
         print(verify_cost_markdown(res))
         return 0
@@ -501,10 +508,6 @@ def main(argv: list[str]) -> int:
         lookup_ngram=args.lookup_ngram,
         **runtime_kw,
     )
-    for g in s.gammas:
-        from edgespec.factory import parse_gamma
-
-        parse_gamma(g)  # a bad gamma fails before any model loads
     load_suites(s.suites, s.categories, s.per_category)  # so does a bad suite file
 
     from tqdm import tqdm
@@ -528,7 +531,7 @@ def main(argv: list[str]) -> int:
     if meta["interrupted"]:
         print(f"interrupted: wrote {meta['prompts_done']} of {meta['prompts_total']} prompts to {args.out}", file=sys.stderr)
         return 130
-    from edgespec.bench_report import summary_lines
+    from benchmarks.report import summary_lines
 
     print("\n".join(summary_lines(res)))
     print(f"wrote {Path(args.out) / 'results.json'}, report.md and plots", file=sys.stderr)

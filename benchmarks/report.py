@@ -1,5 +1,8 @@
 """Benchmark outputs: results.json, report.md (tables per category, Spec-Bench leaderboard style)
-and plots (speedup per category, measured vs predicted speedup, T(K)/T(1) cost curve)."""
+and plots (speedup per category, measured vs predicted speedup, T(K)/T(1) cost curve).
+
+T(K) in a report is the machine's stored cost profile (`edgespec.costs`), the one gamma auto planned
+with; `--verify-cost` output is a fresh measurement (`costs.measure_pass_costs`)."""
 
 from __future__ import annotations
 
@@ -7,8 +10,10 @@ import json
 import os
 from pathlib import Path
 
-from edgespec.bench import BASELINE, REF_LOOKUP
-
+# Names of the configurations every run has (the bench builds them, the report lays them out).
+BASELINE = "baseline"
+REF_PLAIN = "llama-cpp-python"
+REF_LOOKUP = "llama-cpp-python lookup"
 PLOTS = ("speedup_by_category.png", "measured_vs_predicted.png", "verify_cost.png")
 
 
@@ -45,9 +50,17 @@ def report_markdown(res: dict) -> str:
         "`Llama` and its `LlamaPromptLookupDecoding`; 'own' = over its own plain run.",
         "",
         *(
-            ["**Warning:** T(1) measured at the start is over twice the baseline's seconds per token (a "
-             "burst of machine load during the cost measurement): predicted speedups are unreliable.", ""]
+            ["**Warning:** T(1) of the stored cost profile is over twice the baseline's seconds per token "
+             "(the profile was measured under machine load): predicted speedups are unreliable; "
+             "EDGESPEC_RECALIBRATE=1 measures it again.", ""]
             if meta.get("verify_cost_suspect")
+            else []
+        ),
+        *(
+            ["**Note:** the stored cost profile was measured again during the run (the session found it "
+             "slower than the machine's single-token passes); T(K) below is the one at the start, and "
+             "later runs were predicted with the new one.", ""]
+            if meta.get("cost_profile_changed")
             else []
         ),
         "## Speedup per category",
@@ -113,6 +126,9 @@ def report_markdown(res: dict) -> str:
         lines += [
             "",
             "## Verification cost T(K)/T(1) on this machine",
+            "",
+            "From the stored cost profile that gamma auto and the predicted speedups use "
+            "(`python app.py bench --verify-cost` measures afresh).",
             "",
             "| K | " + " | ".join(ks) + " |",
             "|---|" + "---|" * len(ks),

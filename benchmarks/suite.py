@@ -5,6 +5,10 @@ Two line formats are accepted:
   Spec-Bench  {"question_id": ..., "category": ..., "turns": ["...", ...]}  (only the first turn is
               used: the benchmark measures single-turn decoding)
 Every problem is reported as one line naming the file and the line number.
+
+The suites that ship with EdgeSpec are package data of `benchmarks.suites`, found with
+importlib.resources (`shipped_suites`), so they are found from an installed copy as well;
+`--suite NAME` names one of them by its file name without `.jsonl`.
 """
 
 from __future__ import annotations
@@ -12,14 +16,15 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from edgespec.errors import EdgeSpecError
 from edgespec.runtime import Model
 
-# Base models (no chat template) get this framing, so a question is followed by an answer rather
-# than by more questions. Models with a chat template get the user turn through the template.
-QA_FRAME = "Question: {prompt}\nAnswer:"
+# The bench's framings. Its 'auto' differs from the session's: a model without a chat template is
+# asked in the 'qa' frame (session.QA_FRAME), so a question is followed by an answer rather than by
+# more text; the bench resolves it (`resolve_framing`) and gives the session an explicit framing.
 FRAMINGS = ("auto", "chat", "qa", "raw")
 
 
@@ -61,9 +66,28 @@ def _parse_line(obj: object, where: str) -> Prompt:
     return Prompt(str(pid), category.strip(), text, where)
 
 
+def shipped_suites() -> dict[str, Path]:
+    """The suites shipped as package data, by name (file name without .jsonl)."""
+    folder = resources.files("benchmarks.suites")
+    found = {}
+    for entry in folder.iterdir():
+        if entry.name.endswith(".jsonl") and entry.is_file():
+            found[entry.name.removesuffix(".jsonl")] = Path(str(entry))
+    return dict(sorted(found.items()))
+
+
+def suite_path(name: str | Path) -> Path:
+    """A suite file: a path, or the name of a shipped suite when no such file exists."""
+    p = Path(name).expanduser()
+    if not p.exists() and str(name) in (shipped := shipped_suites()):
+        return shipped[str(name)]
+    return p
+
+
 def load_suite(path: str | Path) -> list[Prompt]:
-    """Read one JSONL suite file; blank lines are skipped, anything else must be a prompt."""
-    p = Path(path).expanduser()
+    """Read one JSONL suite file (or shipped suite by name); blank lines are skipped, anything else
+    must be a prompt."""
+    p = suite_path(path)
     if not p.is_file():
         raise EdgeSpecError(f"suite file not found: {p}")
     try:
@@ -116,18 +140,11 @@ def load_suites(
     return prompts
 
 
-def tokenize_prompt(model: Model, text: str, framing: str) -> tuple[list[int], str]:
-    """Token ids of a prompt as the benchmark feeds it, and the framing used.
-
-    'auto' uses the model's chat template when it has one and the Question/Answer frame otherwise;
-    'chat' requires a template; 'raw' feeds the text as is.
-    """
+def resolve_framing(model: Model, framing: str) -> str:
+    """The framing the bench gives the session: 'auto' is the model's chat template when it has
+    one, else the Question/Answer frame; 'chat' requires a template; 'qa' and 'raw' as they are."""
     if framing not in FRAMINGS:
         raise EdgeSpecError(f"framing must be one of {', '.join(FRAMINGS)}, got {framing!r}")
     if framing == "auto":
-        framing = "chat" if model.chat_template() else "qa"
-    if framing == "chat":
-        rendered = model.apply_chat_template([{"role": "user", "content": text}])
-        return model.tokenize(rendered, add_special=True, parse_special=True), framing
-    framed = QA_FRAME.format(prompt=text) if framing == "qa" else text
-    return model.tokenize(framed, add_special=True), framing
+        return "chat" if model.chat_template() else "qa"
+    return framing

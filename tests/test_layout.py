@@ -1,0 +1,235 @@
+"""The project's layout rules (docs: /work/shared/ARCHITECTURE.md, "The layers as the product grows"):
+no import cycles, library code never reads the repository's layout, the engine never probes with
+getattr, and an installed copy works without the repository (packages and package data)."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("edgespec", "models", "quant", "benchmarks")  # the import graph's nodes
+LIBRARY = ("edgespec", "models", "quant")  # code that must not know where the repository is
+LAYOUT_STRINGS = (".venv", "../shared", "shared/data", "PROJECT_ROOT")
+
+
+# ------------------------------------------------------------------------------------- import graph
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def project_modules() -> dict[str, Path]:
+    return {module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+def _type_checking_only(tree: ast.Module) -> set[int]:
+    """ids of import nodes under `if TYPE_CHECKING:` (never executed, so they make no cycle)."""
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If):
+            test = node.test
+            name = test.id if isinstance(test, ast.Name) else test.attr if isinstance(test, ast.Attribute) else ""
+            if name == "TYPE_CHECKING":
+                for sub in node.body:
+                    skip.update(id(n) for n in ast.walk(sub))
+    return skip
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """Project modules that `name` imports anywhere in its file (module level, in functions and
+    classes). `from X import Y` counts as importing X.Y when that is a module, else X."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    skip = _type_checking_only(tree)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in modules else mod for a in node.names]
+        else:
+            continue
+        for t in targets:
+            while t and t not in modules:  # `import a.b.c` of a non-module attribute: its module
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                out.add(t)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = project_modules()
+    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle (as a closed path a -> ... -> a) per strongly connected component that has one."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    sccs: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                sccs.append(sorted(comp))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    cycles = []
+    for comp in sccs:  # a shortest cycle through the component's first module (BFS inside it)
+        members, start = set(comp), comp[0]
+        prev: dict[str, str] = {}
+        frontier = [start]
+        found = None
+        while frontier and found is None:
+            nxt = []
+            for v in frontier:
+                for w in sorted(graph[v] & members):
+                    if w == start:
+                        found = v
+                        break
+                    if w not in prev:
+                        prev[w] = v
+                        nxt.append(w)
+                if found is not None:
+                    break
+            frontier = nxt
+        path = [found]
+        while path[-1] != start:
+            path.append(prev[path[-1]])
+        cycles.append([start, *reversed(path[:-1]), start])
+    return cycles
+
+
+def describe(cycles: list[list[str]]) -> str:
+    return "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_cycle_finder_finds_a_cycle_and_resolves_imports(tmp_path):
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"d"}}
+    assert find_cycles(graph) == [["a", "b", "c", "a"]]
+    assert find_cycles({"a": {"b"}, "b": set()}) == []
+    modules = project_modules()
+    # `from edgespec import runtime` is an import of the module edgespec.runtime; function-level
+    # imports count (session imports nothing lazily, but bench's Runner does).
+    assert "edgespec.runtime" in imports_of("edgespec.session", modules["edgespec.session"], modules)
+    assert "edgespec.session" in import_graph()["benchmarks.bench"]
+    assert "edgespec.costs" in import_graph()["benchmarks.bench"]  # imported inside Runner.__init__
+
+
+def test_no_import_cycles():
+    cycles = find_cycles(import_graph())
+    assert not cycles, f"import cycles: {describe(cycles)}"
+
+
+# ------------------------------------------------------------------------------------- library rules
+def test_library_code_never_reads_the_repository_layout():
+    hits = []
+    for pkg in LIBRARY:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            text = path.read_text(encoding="utf-8")
+            for needle in LAYOUT_STRINGS:
+                for i, line in enumerate(text.splitlines(), 1):
+                    if needle in line:
+                        hits.append(f"{path.relative_to(ROOT)}:{i}: {needle}")
+    assert not hits, "library code names the repository layout:\n" + "\n".join(hits)
+
+
+def test_engine_never_probes_with_getattr():
+    text = (ROOT / "edgespec" / "engine.py").read_text(encoding="utf-8")
+    hits = [f"engine.py:{i}: {line.strip()}" for i, line in enumerate(text.splitlines(), 1)
+            if "getattr(" in line or "hasattr(" in line]
+    assert not hits, "\n".join(hits)
+
+
+# ------------------------------------------------------------------------------------- installed copy
+def install_copy(target: Path, scratch: Path) -> subprocess.CompletedProcess:
+    """Install the project into `target` the way pyproject.toml declares it, without network:
+    `pip install --no-deps --no-build-isolation --target` when the `wheel` package is there (old
+    setuptools cannot build a wheel without it), else setuptools' own build_py into `target`,
+    which copies the same packages and package data."""
+    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    if importlib.util.find_spec("wheel") is not None or _setuptools_has_bdist_wheel():
+        cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
+               "--quiet", "--target", str(target), str(ROOT)]
+    else:
+        cmd = [sys.executable, "-c", "import setuptools; setuptools.setup()", "--quiet",
+               "egg_info", "--egg-base", str(scratch), "build_py", "--build-lib", str(target)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+
+
+def _setuptools_has_bdist_wheel() -> bool:
+    return importlib.util.find_spec("setuptools.command.bdist_wheel") is not None
+
+
+@pytest.mark.slow
+def test_installed_copy_imports_and_finds_its_suites(tmp_path):
+    """Install (no network), then import the installed copy from a folder outside the repository,
+    with the installed path first on sys.path."""
+    target = tmp_path / "site"
+    scratch = tmp_path / "egg"
+    scratch.mkdir()
+    build = install_copy(target, scratch)
+    assert build.returncode == 0, build.stderr[-3000:]
+    assert not (target / "tests").exists() and (target / "benchmarks" / "suites" / "spec_bench.jsonl").is_file()
+    check = """
+import sys
+from pathlib import Path
+site = Path(sys.argv[1]).resolve()
+import benchmarks.bench, edgespec.ui, edgespec.session, models, quant
+from benchmarks.suite import load_suite, shipped_suites
+for mod in (benchmarks.bench, edgespec.ui, edgespec.session, models, quant):
+    assert site in Path(mod.__file__).resolve().parents, (mod.__name__, mod.__file__)
+suites = shipped_suites()
+assert set(suites) >= {"code_edit", "spec_bench"}, suites
+assert all(site in p.resolve().parents for p in suites.values()), suites
+assert len(load_suite("spec_bench")) > 400 and load_suite("code_edit")
+folder = suites["spec_bench"].parent
+assert (folder / "SPEC_BENCH_LICENSE").read_text().startswith("Apache License")
+assert "Spec-Bench" in (folder / "README.md").read_text()
+assert (site / "models" / "catalog.json").is_file()
+print("ok", len(suites))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(target)
+    r = subprocess.run([sys.executable, "-c", check, str(target)], capture_output=True, text=True, timeout=300,
+                       cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.startswith("ok")
