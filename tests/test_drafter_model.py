@@ -68,6 +68,7 @@ def test_draft_cache_is_rolled_back(pair):
         assert draft.n_past == len(drafter._cached)
 
 
+@pytest.mark.slow
 def test_rejection_sampling_accepts_at_least_as_much_as_exact_match(pair):
     target, draft = pair
     totals = {"rejection": [0, 0], "match": [0, 0]}

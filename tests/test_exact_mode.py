@@ -12,7 +12,10 @@ from edgespec.backend import exact_available
 from models.derive import derive_pair
 from tests.conftest import run_app
 
-pytestmark = pytest.mark.skipif(not exact_available(), reason="exact-mode library not built (EDGESPEC_EXACT_LIB=0)")
+pytestmark = [
+    pytest.mark.skipif(not exact_available(), reason="exact-mode library not built (EDGESPEC_EXACT_LIB=0)"),
+    pytest.mark.slow,  # each case starts the app twice in exact mode
+]
 
 PROMPTS = [
     "Rewrite this function with a docstring:\n\ndef area(w, h):\n    return w * h\n",
@@ -61,7 +64,6 @@ GEMMA_PROMPTS = [
 ]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("gamma", ["2", "8", "auto"])
 def test_exact_mode_on_k_quants_is_exact_with_the_probed_cap(gamma):
     """Gemma's K-quant kernels are not batch-invariant for every row count on every CPU; exact mode

@@ -51,6 +51,7 @@ def tensors(path: Path) -> dict[str, object]:
     return {t.name: t for t in gguf.GGUFReader(path).tensors}
 
 
+@pytest.mark.slow
 def test_f16_reference_keeps_metadata_and_values(f16: Path, smollm2_path: Path) -> None:
     src, out = gguf.GGUFReader(smollm2_path), gguf.GGUFReader(f16)
     for key in ("tokenizer.ggml.tokens", "tokenizer.chat_template", "llama.block_count", "tokenizer.ggml.merges"):
@@ -63,6 +64,7 @@ def test_f16_reference_keeps_metadata_and_values(f16: Path, smollm2_path: Path) 
     np.testing.assert_allclose(tensor_float(o[name]), tensor_float(s[name]), rtol=1e-3, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_mxfp4_is_real_ggml_mxfp4_and_generates(mxfp4: Path, f16: Path) -> None:
     out, ref = tensors(mxfp4), tensors(f16)
     kinds = {name: t.tensor_type for name, t in out.items()}
@@ -130,6 +132,7 @@ def test_emulated_mx_records_metadata_and_values(tmp_path: Path) -> None:
     assert got8[0, 1] == np.float32(1.75 * 2.0**-24)
 
 
+@pytest.mark.slow
 def test_quantized_input_is_dequantized_before_llama_quantize(work: Path, smollm2_path: Path) -> None:
     out = work / "smol-q8_0.gguf"
     res = convert(smollm2_path, out, "q8_0", progress=False)

@@ -52,6 +52,7 @@ def test_distribution_stats_by_hand() -> None:
     assert st.top1 == 1.0  # argmax of (0.5, 0.5) is token 0, as for (0.8, 0.2)
 
 
+@pytest.mark.slow
 def test_summary_and_tensor_rmse(candidate: Path, smollm2_path: Path) -> None:
     s = summarize_file(candidate, "mxfp4")
     assert s.format == "mxfp4" and not s.emulated
@@ -82,6 +83,7 @@ def test_identical_models_agree_exactly(smollm2_path: Path) -> None:
     b.close()
 
 
+@pytest.mark.slow
 def test_small_report_end_to_end(candidate: Path, smollm2_path: Path, tmp_path: Path) -> None:
     prompts = ["The quick brown fox jumps over the lazy dog. The quick brown fox", "Count: one, two, three,"]
     rep = build_report(smollm2_path, [candidate], prompts, "Rivers carry water from the hills down to the sea. " * 4,
