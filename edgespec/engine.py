@@ -116,8 +116,9 @@ class Stats:
     target_bytes: int = 0
     gamma_hist: dict[int, int] = field(default_factory=dict)
     accepted_hist: dict[int, int] = field(default_factory=dict)
-    # Seconds of the single-row target passes (plain steps), for judging the stored cost profile
-    # and for the measured speedup; the last PLAIN_KEEP of them.
+    # Wall seconds of each plain (single-row) step, from the previous event to this one, i.e. what
+    # plain decoding costs per token here and now: for the measured speedup and for judging the
+    # stored cost profile. The last PLAIN_KEEP of them.
     plain_pass_s: list[float] = field(default_factory=list)
 
     @property
@@ -242,6 +243,7 @@ class Engine:
         if drafter is not None:
             drafter.begin(context, cfg.sampling)
         stats.prefill_s = time.perf_counter() - t0
+        step_end = t0 + stats.prefill_s
 
         while True:
             if stop is not None and stop.is_set():
@@ -293,9 +295,6 @@ class Engine:
             stats.draft_s += td - ts
             stats.target_s += tt - td
             stats.verify_s += tv - tt
-            if len(batch) == 1:
-                stats.plain_pass_s.append(tt - td)
-                del stats.plain_pass_s[:-PLAIN_KEEP]
             stats.gamma_hist[k] = stats.gamma_hist.get(k, 0) + 1
             if k:
                 stats.accepted_hist[n_acc] = stats.accepted_hist.get(n_acc, 0) + 1
@@ -320,6 +319,12 @@ class Engine:
             if finish is not None and pieces:
                 pieces[-1] += stream.flush()
             now = time.perf_counter()
+            if len(batch) == 1:
+                # the whole plain step, as tokens/s sees it: the pass, the engine's work around it
+                # and the consumer's time since the last event
+                stats.plain_pass_s.append(now - step_end)
+                del stats.plain_pass_s[:-PLAIN_KEEP]
+            step_end = now
             if stats.ttft_s is None and new:
                 stats.ttft_s = now - t0
             stats.wall_s = now - t0
