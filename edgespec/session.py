@@ -26,7 +26,7 @@ from edgespec import runtime
 from edgespec.adaptive import AutoGamma
 from edgespec.costs import CostModel
 from edgespec.drafters import Drafter
-from edgespec.engine import DRAFT, Engine, FixedGamma, GammaPolicy, GenerationConfig, Stats, StepEvent
+from edgespec.engine import Engine, FixedGamma, GammaPolicy, GenerationConfig, Stats, StepEvent
 from edgespec.errors import EdgeSpecError
 from edgespec.loader import RuntimeOptions, load_model
 from edgespec.runtime import Model
@@ -282,10 +282,6 @@ class Reply:
             return None
         t1 = float(np.median(st.plain_pass_s)) if st.plain_pass_s else None
         return self.costs.measured_speedup(st.generated, st.target_calls, st.decode_s, t1)
-
-    @property
-    def drafted_tokens(self) -> int:
-        return sum(1 for s in self.sources if s == DRAFT)
 
     def to_dict(self) -> dict:
         be = runtime.backend_info()
