@@ -15,6 +15,7 @@ so a change in the text (e.g. the model starts copying its input) is noticed.
 from __future__ import annotations
 
 from edgespec.costs import CostModel
+from edgespec.drafters import Hint
 
 
 class AutoGamma:
@@ -60,6 +61,7 @@ class AutoGamma:
         self._steps_plain = 0
         self._probe_interval = self.probe_every
         self._probing = False
+        self._c: float | None = None
 
     # ------------------------------------------------------------------ estimates
     @property
@@ -72,20 +74,25 @@ class AutoGamma:
         return (1.0 + sum(self._succ.values())) / (2.0 + sum(self._trials.values()))
 
     # ------------------------------------------------------------------ policy
-    def choose(self, hint: int | None) -> int:
+    def choose(self, hint: int | Hint | None) -> int:
         """Draft length for the next step; `hint` is what the drafter knows before drafting (the
-        n-gram drafter's matched size, 0 when it has nothing to propose) or None."""
-        self._key = ("hint", hint) if hint is not None else ("state", self._state)
+        n-gram drafter's matched size, 0 when it has nothing to propose), None, or a `Hint` naming
+        the source that will propose and its cost c (a combined drafter: alpha is kept per source)."""
+        source, c = "", None
+        if isinstance(hint, Hint):
+            source, c, hint = hint.source, hint.c, hint.size
+        self._key = ("hint", source, hint) if hint is not None else ("state", source, self._state)
+        self._c = c
         costs = self.costs
         if costs is None or hint == 0:
             g = 0  # no costs known (plain decoding is the safe choice), or nothing to draft
         else:
-            g, s = costs.best_gamma(self.alpha, self.gamma_max)
+            g, s = costs.best_gamma(self.alpha, self.gamma_max, c=c)
             self.last_predicted = s
             if s < self.margin:
                 g = 0
             probe_here = hint is None or hint >= self.probe_min_hint
-            if g == 0 and probe_here and self._since_draft >= self._probe_interval and self._could_pay(costs):
+            if g == 0 and probe_here and self._since_draft >= self._probe_interval and self._could_pay(costs, c):
                 g = self.probe_gamma if costs.draft_cap is None else min(self.probe_gamma, costs.draft_cap)
                 self._probing = g > 0
         self.last_choice = g
@@ -102,10 +109,10 @@ class AutoGamma:
         g, s = self.costs.best_gamma(self.alpha, min(available, self.gamma_max), c=0.0)
         return g if s >= self.margin else 0
 
-    def _could_pay(self, costs: CostModel) -> bool:
+    def _could_pay(self, costs: CostModel, c: float | None = None) -> bool:
         """Viability (the paper's alpha > c, with verification cost): would speculation pay even
         if nearly every draft were accepted? If not, probing for alpha only costs time."""
-        return costs.best_gamma(0.95, self.gamma_max)[1] >= self.margin
+        return costs.best_gamma(0.95, self.gamma_max, c=c)[1] >= self.margin
 
     def observe(self, k: int, n_accepted: int) -> None:
         """Learn from one step's outcome (tokens only: planning from live timings would make the

@@ -171,15 +171,17 @@ class Stats:
 class StepEvent:
     """What one target call produced.
 
-    tokens/sources/pieces are aligned: sources[i] is 'draft' (proposed and accepted), 'target'
-    (sampled by the target after a rejection, or with no draft) or 'bonus' (all drafts accepted,
-    one more from the same pass); pieces[i] is the text that token completed (may be '' while a
-    multi-byte character is still incomplete).
+    tokens/sources/pieces/drafters are aligned: sources[i] is 'draft' (proposed and accepted),
+    'target' (sampled by the target after a rejection, or with no draft) or 'bonus' (all drafts
+    accepted, one more from the same pass); pieces[i] is the text that token completed (may be ''
+    while a multi-byte character is still incomplete); drafters[i] names the drafter that proposed a
+    'draft' token ('ngram', 'learned', 'model:...') and is '' for the target's own tokens.
     """
 
     tokens: list[int]
     sources: list[str]
     pieces: list[str]
+    drafters: list[str]
     gamma: int  # draft length asked for this step
     drafted: int  # draft tokens actually proposed (k <= gamma)
     accepted: int
@@ -232,6 +234,7 @@ class Engine:
         self.policy.start(self.costs)
         cap = self.costs.draft_cap if self.costs is not None else None
         noise = Noise(cfg.sampling.seed)
+        hidden = drafter is not None and bool(getattr(drafter, "needs_hidden", False))
         stats = Stats(prompt_tokens=len(prompt), target_bytes=target.info.size_bytes)
         stream = TextStream(target)
         context = [int(t) for t in prompt]
@@ -248,12 +251,12 @@ class Engine:
         while True:
             if stop is not None and stop.is_set():
                 stats.wall_s = time.perf_counter() - t0
-                yield StepEvent([], [], [], 0, 0, 0, stats, "stopped")
+                yield StepEvent([], [], [], [], 0, 0, 0, stats, "stopped")
                 return
             room = target.n_ctx - target.n_past - 1  # the batch [x_last, d_1..d_k] needs k+1 slots
             if room < 0:
                 stats.wall_s = time.perf_counter() - t0
-                yield StepEvent([], [], [], 0, 0, 0, stats, "context")
+                yield StepEvent([], [], [], [], 0, 0, 0, stats, "context")
                 return
             remaining = cfg.max_tokens - stats.generated
             gamma = 0
@@ -277,7 +280,10 @@ class Engine:
                 target.truncate(target.n_past - pad)
                 batch = context[len(context) - 1 - pad : -1] + batch
             n_past0 = target.n_past + pad
-            logits = target.decode(batch, n_logits=k + 1)
+            if hidden:  # every row is an output then (runtime.decode), so drop the padding's rows
+                logits = target.decode(batch, n_logits=len(batch), hidden=True)[pad:]
+            else:
+                logits = target.decode(batch, n_logits=k + 1)
             tt = time.perf_counter()
             if cfg.sampling.greedy:
                 n_acc, nxt = verify_greedy(logits, draft.tokens)
@@ -302,17 +308,20 @@ class Engine:
 
             new = draft.tokens[:n_acc].tolist() + [nxt]
             sources = [DRAFT] * n_acc + [BONUS if (k and n_acc == k) else TARGET]
+            by = ([draft.source or drafter.name] * n_acc if n_acc else []) + [""]
             finish = None
             if cfg.stop_at_eog:
                 for i, tok in enumerate(new):
                     if target.is_eog(tok):
-                        new, sources, finish = new[:i], sources[:i], "eog"
+                        new, sources, by, finish = new[:i], sources[:i], by[:i], "eog"
                         break
             if len(new) >= remaining:
-                new, sources = new[:remaining], sources[:remaining]
+                new, sources, by = new[:remaining], sources[:remaining], by[:remaining]
                 finish = finish or "length"
             context.extend(new)
             if drafter is not None:
+                if hidden and finish is None:
+                    drafter.observe_hidden(target.last_hidden[pad + n_acc])
                 drafter.commit(context, n_acc)
             stats.generated += len(new)
             pieces = [stream.push(t) for t in new]
@@ -328,7 +337,7 @@ class Engine:
             if stats.ttft_s is None and new:
                 stats.ttft_s = now - t0
             stats.wall_s = now - t0
-            yield StepEvent(new, sources, pieces, gamma, k, n_acc, stats, finish)
+            yield StepEvent(new, sources, pieces, by, gamma, k, n_acc, stats, finish)
             if finish is not None:
                 return
 

@@ -239,6 +239,9 @@ class Model:
         cparams.n_threads = n_threads
         cparams.n_threads_batch = n_threads
         cparams.flash_attn_type = _FLASH[flash_attn]
+        # Per-token hidden states (for learned drafters) are switched on per decode call
+        # (`decode(..., hidden=True)`); with no pooling they are the final norm's output rows.
+        cparams.pooling_type = llama.LLAMA_POOLING_TYPE_NONE
         with _CCall():
             self._ctx = llama.llama_init_from_model(self._model, cparams)
         _check_interrupt()
@@ -263,6 +266,8 @@ class Model:
             self._batch.seq_id[i][0] = 0
         self.n_past = 0
         self._pieces: dict[int, bytes] = {}
+        self.n_embd = llama.llama_model_n_embd(self._model)
+        self._embeddings_on = False
 
     # ----------------------------------------------------------------------------- metadata
     @cached_property
@@ -356,12 +361,19 @@ class Model:
         return buf.raw[:n].decode("utf-8", "replace")
 
     # ----------------------------------------------------------------------------- decoding
-    def decode(self, tokens: Sequence[int], n_logits: int = 1) -> np.ndarray:
+    def decode(self, tokens: Sequence[int], n_logits: int = 1, hidden: bool = False) -> np.ndarray:
         """Append `tokens` at position `n_past`; return logits of the last `n_logits` rows.
 
         Returns a read-only view [n_logits, n_vocab] (float32) into llama.cpp's buffer, valid until
         the next decode. Inputs longer than the batch are split; only the final chunk has logits.
+        hidden=True also keeps the final hidden state of those rows (`last_hidden`); the logits are
+        bit-identical either way. Only rows with logits get one: with embeddings on, llama.cpp would
+        compute outputs for every row, so they are switched on only for such a call.
         """
+        if hidden and n_logits != len(tokens):
+            raise ValueError("hidden states need logits on every row of the call")
+        self._set_embeddings(hidden)
+        self.last_hidden = None
         n = len(tokens)
         if n == 0:
             raise ValueError("decode needs at least one token")
@@ -394,7 +406,19 @@ class Model:
         ptr = llama.llama_get_logits(self._ctx)
         view = np.ctypeslib.as_array(ptr, shape=(n_logits, self.n_vocab))
         view.flags.writeable = False
+        if hidden:
+            eptr = llama.llama_get_embeddings(self._ctx)
+            if not eptr:
+                raise EdgeSpecError("llama.cpp returned no hidden states for this model")
+            self.last_hidden = np.array(np.ctypeslib.as_array(eptr, shape=(n_logits, self.n_embd)))
         return view
+
+    last_hidden: np.ndarray | None = None  # [rows, n_embd] of the last decode(hidden=True)
+
+    def _set_embeddings(self, on: bool) -> None:
+        if on != self._embeddings_on:
+            lib().llama_set_embeddings(self._ctx, on)
+            self._embeddings_on = on
 
     def truncate(self, n: int) -> None:
         """Roll the KV cache back so that only positions [0, n) remain."""

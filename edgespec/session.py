@@ -190,12 +190,12 @@ class StopStrings:
         self.stops = tuple(stops)
         self.longest = max((len(s) for s in self.stops), default=0)
         self.text = ""  # everything released so far
-        self._held: list[tuple[int, str, str]] = []  # (token, source, piece) not yet released
+        self._held: list[tuple[int, str, str, str]] = []  # (token, source, piece, drafter) not yet released
 
-    def push(self, ev: StepEvent) -> tuple[list[tuple[int, str, str]], bool]:
+    def push(self, ev: StepEvent) -> tuple[list[tuple[int, str, str, str]], bool]:
         """Tokens of `ev` that can be shown now, and whether a stop string was hit."""
-        self._held.extend(zip(ev.tokens, ev.sources, ev.pieces, strict=True))
-        pending = "".join(p for _, _, p in self._held)
+        self._held.extend(zip(ev.tokens, ev.sources, ev.pieces, ev.drafters, strict=True))
+        pending = "".join(p for _, _, p, _ in self._held)
         window = self.text + pending
         hits = [window.find(s, max(0, len(self.text) - self.longest)) for s in self.stops]
         hits = [h for h in hits if h >= 0]
@@ -208,7 +208,7 @@ class StopStrings:
                 out.append(item)
                 end += len(item[2])
             self._held = []
-            self.text += "".join(p for _, _, p in out)
+            self.text += "".join(p for _, _, p, _ in out)
             return out, True
         if ev.done:
             out, self._held = self._held, []
@@ -228,7 +228,7 @@ class StopStrings:
                 tail += len(self._held[i][2])
             else:
                 out = []
-        self.text += "".join(p for _, _, p in out)
+        self.text += "".join(p for _, _, p, _ in out)
         return out, False
 
 
@@ -240,6 +240,7 @@ class Reply:
     tokens: list[int] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)  # per token: 'draft' | 'target' | 'bonus'
     pieces: list[str] = field(default_factory=list)  # per token: the text it completed
+    drafted_by: list[str] = field(default_factory=list)  # per token: drafter of a 'draft' token, else ''
     finish_reason: str | None = None  # 'eog' | 'length' | 'context' | 'stop' | 'stopped' | 'interrupted'
     stats: Stats = field(default_factory=Stats)
     framing: str = ""
@@ -249,11 +250,12 @@ class Reply:
     costs: CostModel | None = None
     target: str = ""
 
-    def add(self, tokens: Sequence[int], sources: Sequence[str], pieces: Sequence[str], stats: Stats,
-            finish: str | None) -> None:
+    def add(self, tokens: Sequence[int], sources: Sequence[str], pieces: Sequence[str], drafted_by: Sequence[str],
+            stats: Stats, finish: str | None) -> None:
         self.tokens.extend(tokens)
         self.sources.extend(sources)
         self.pieces.extend(pieces)
+        self.drafted_by.extend(drafted_by)
         self.text += "".join(pieces)
         self.stats = stats
         if finish is not None:
@@ -264,7 +266,7 @@ class Reply:
         """Run a generation to the end and fold its events (engine-level use, tests)."""
         r = cls()
         for ev in events:
-            r.add(ev.tokens, ev.sources, ev.pieces, ev.stats, ev.finish_reason)
+            r.add(ev.tokens, ev.sources, ev.pieces, ev.drafters, ev.stats, ev.finish_reason)
         return r
 
     # Speedups: both from the one cost model.
@@ -289,6 +291,7 @@ class Reply:
             "text": self.text,
             "tokens": self.tokens,
             "token_sources": self.sources,
+            "token_drafters": self.drafted_by,
             "finish_reason": self.finish_reason,
             "framing": self.framing,
             "target": self.target,
@@ -352,8 +355,8 @@ class Session:
         try:
             for ev in engine.generate(framed.tokens, req.config(), stop):
                 released, hit = stops.push(ev)
-                toks, srcs, pcs = (list(x) for x in zip(*released, strict=True)) if released else ([], [], [])
-                reply.add(toks, srcs, pcs, ev.stats, "stop" if hit else ev.finish_reason)
+                toks, srcs, pcs, by = (list(x) for x in zip(*released, strict=True)) if released else ([], [], [], [])
+                reply.add(toks, srcs, pcs, by, ev.stats, "stop" if hit else ev.finish_reason)
                 reply.policy = engine.policy.snapshot() if engine.drafter is not None else {}
                 yield ev, reply
                 if hit:

@@ -12,7 +12,7 @@ from edgespec.session import TRANSCRIPT_STOP, Request, Session, StopStrings, fra
 
 def event(pieces: list[str], done: bool = False) -> StepEvent:
     n = len(pieces)
-    return StepEvent(list(range(n)), ["target"] * n, pieces, 0, 0, 0, Stats(), "length" if done else None)
+    return StepEvent(list(range(n)), ["target"] * n, pieces, [""] * n, 0, 0, 0, Stats(), "length" if done else None)
 
 
 def feed(stops: list[str], steps: list[list[str]]) -> tuple[str, bool, list[str]]:
@@ -20,7 +20,7 @@ def feed(stops: list[str], steps: list[list[str]]) -> tuple[str, bool, list[str]
     shown: list[str] = []
     for i, pieces in enumerate(steps):
         out, hit = f.push(event(pieces, done=i == len(steps) - 1))
-        shown.append("".join(p for _, _, p in out))
+        shown.append("".join(p for _, _, p, _ in out))
         if hit:
             return f.text, True, shown
     return f.text, False, shown

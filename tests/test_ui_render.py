@@ -19,7 +19,7 @@ def reply_with(**stats) -> Reply:
     st = Stats(**stats)
     costs = CostModel({1: 0.010, 2: 0.012, 3: 0.014, 4: 0.016})
     r = Reply(stats=st, drafter="ngram", gamma="auto", framing="chat", costs=costs)
-    r.add([1, 2, 3], ["target", "draft", "bonus"], ["a", "b\n", "c"], st, None)
+    r.add([1, 2, 3], ["target", "draft", "bonus"], ["a", "b\n", "c"], ["", "ngram", ""], st, None)
     return r
 
 
@@ -68,7 +68,7 @@ def test_live_speedups_are_the_replys_and_measured_never_beats_tokens_per_call()
 def test_plain_decoding_has_no_cost_model_and_says_so():
     st = Stats(generated=4, target_calls=4, wall_s=0.1)
     r = Reply(stats=st, drafter="none", gamma="0", framing="transcript")
-    r.add([1, 2, 3, 4], ["target"] * 4, ["a", "b", "c", "d"], st, "eog")
+    r.add([1, 2, 3, 4], ["target"] * 4, ["a", "b", "c", "d"], [""] * 4, st, "eog")
     tr = Tracker()
     tr.add((0, 0, 0), r, 0.1)
     assert "no drafter" in render.live_summary(tr)

@@ -39,13 +39,25 @@ class Draft:
 
     tokens: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int32))
     probs: np.ndarray | None = None
+    source: str = ""  # which drafter proposed it, for token provenance ('' = the drafter's name)
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     def head(self, k: int) -> Draft:
         """The first k proposed tokens."""
-        return Draft(self.tokens[:k], None if self.probs is None else self.probs[:k])
+        return Draft(self.tokens[:k], None if self.probs is None else self.probs[:k], self.source)
+
+
+@dataclass(frozen=True)
+class Hint:
+    """What a drafter that combines sources knows before drafting: which source will propose
+    (gamma auto keeps alpha per source and size) and that source's cost c (draft seconds per
+    token / T(1)). A plain int hint is the same as Hint(size) with the drafter's own cost."""
+
+    size: int | None  # 0 = nothing to propose; a positive size class; None = cannot tell
+    source: str = ""
+    c: float | None = None
 
 
 class Drafter(Protocol):
@@ -54,15 +66,24 @@ class Drafter(Protocol):
     the drafter's life."""
 
     name: str  # shown in stats and token provenance ('ngram', 'model:<description>', ...)
+    # True for drafters fed the target's hidden states (learned heads): the engine then asks the
+    # target for the final hidden state of each verified row and calls `observe_hidden` with the
+    # one that produced the newest committed token, before `commit`. Drafters without the
+    # attribute are treated as False.
+    needs_hidden: bool
 
     def begin(self, prompt: Sequence[int], sampling: SamplingParams) -> None:
         """A new generation starts from `prompt`, sampled with `sampling` (drafters that sample
         must use the same settings so that q is processed like p)."""
 
-    def hint(self, context: Sequence[int]) -> int | None:
+    def hint(self, context: Sequence[int]) -> int | Hint | None:
         """What the drafter knows cheaply about its next proposal, for gamma auto to keep
         acceptance per context: 0 = nothing to propose, a positive size class (the n-gram drafter's
-        matched length), or None when it cannot tell."""
+        matched length), None when it cannot tell, or a `Hint` naming the source that will propose."""
+
+    def observe_hidden(self, hidden: np.ndarray) -> None:
+        """Only if needs_hidden: the target's final hidden state [n_embd] at the position that
+        produced the newest committed token."""
 
     def propose(self, context: Sequence[int], gamma: int) -> Draft:
         """Propose up to `gamma` tokens to follow `context` (prompt + committed output)."""

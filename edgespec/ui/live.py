@@ -84,6 +84,7 @@ def _snapshot(reply: Reply) -> Reply:
     stats: Stats = replace(st, gamma_hist=dict(st.gamma_hist), accepted_hist=dict(st.accepted_hist),
                            plain_pass_s=list(st.plain_pass_s))
     return replace(reply, tokens=list(reply.tokens), sources=list(reply.sources), pieces=list(reply.pieces),
+                   drafted_by=list(reply.drafted_by),
                    stats=stats, policy=dict(reply.policy))
 
 
