@@ -61,7 +61,6 @@ class AutoGamma:
         self._steps_plain = 0
         self._probe_interval = self.probe_every
         self._probing = False
-        self._c: float | None = None
 
     # ------------------------------------------------------------------ estimates
     @property
@@ -79,11 +78,12 @@ class AutoGamma:
         n-gram drafter's matched size, 0 when it has nothing to propose), None, or a `Hint` naming
         the source that will propose and its cost c (a combined drafter: alpha is kept per source)."""
         source, c = "", None
-        if isinstance(hint, Hint):
-            source, c, hint = hint.source, hint.c, hint.size
-        self._key = ("hint", source, hint) if hint is not None else ("state", source, self._state)
-        self._c = c
         costs = self.costs
+        if isinstance(hint, Hint):
+            if hint.draft_cost_s is not None and costs is not None:
+                c = hint.draft_cost_s / costs.seconds(1)
+            source, hint = hint.source, hint.size
+        self._key = ("hint", source, hint) if hint is not None else ("state", source, self._state)
         if costs is None or hint == 0:
             g = 0  # no costs known (plain decoding is the safe choice), or nothing to draft
         else:

@@ -13,6 +13,7 @@ import importlib
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from edgespec.runtime import Model
 
 # The drafters that ship with EdgeSpec; each module registers itself with `register` on import.
-DRAFTER_MODULES = ("edgespec.drafters.ngram", "edgespec.drafters.model")
+DRAFTER_MODULES = ("edgespec.drafters.ngram", "edgespec.drafters.model", "edgespec.drafters.onnx")
 
 
 @dataclass
@@ -52,12 +53,12 @@ class Draft:
 @dataclass(frozen=True)
 class Hint:
     """What a drafter that combines sources knows before drafting: which source will propose
-    (gamma auto keeps alpha per source and size) and that source's cost c (draft seconds per
-    token / T(1)). A plain int hint is the same as Hint(size) with the drafter's own cost."""
+    (gamma auto keeps alpha per source and size) and that source's seconds per draft token (the
+    cost model turns it into c). A plain int hint is Hint(size) with the drafter's own cost."""
 
     size: int | None  # 0 = nothing to propose; a positive size class; None = cannot tell
     source: str = ""
-    c: float | None = None
+    draft_cost_s: float | None = None
 
 
 class Drafter(Protocol):
@@ -143,7 +144,8 @@ def kinds() -> dict[str, DrafterKind]:
 
 
 def split_spec(spec: str) -> tuple[str, str]:
-    """'none' | 'NAME' | 'NAME:ARG' | a model name or path (short for 'model:PATH') -> (kind, arg)."""
+    """'none' | 'NAME' | 'NAME:ARG' | a learned drafter's folder (short for 'learned:PATH') | a model
+    name or path (short for 'model:PATH') -> (kind, arg)."""
     spec = (spec or "none").strip()
     known = kinds()
     name, sep, arg = spec.partition(":")
@@ -151,6 +153,9 @@ def split_spec(spec: str) -> tuple[str, str]:
         return "none", ""
     if name in known:
         return name, arg.strip()
+    path = Path(spec).expanduser()
+    if (path.is_dir() and (path / "manifest.json").is_file()) or path.suffix == ".onnx" or path.name == "manifest.json":
+        return "learned", spec  # a learned drafter's folder (or its drafter.onnx / manifest.json)
     return "model", spec  # a .gguf path, a bundled/catalog name or hf:ORG/REPO
 
 

@@ -50,8 +50,13 @@ class Tracker:
 
     @property
     def segments(self) -> list[tuple[str, str]]:
-        """(text piece, source) per token."""
-        return [] if self.reply is None else list(zip(self.reply.pieces, self.reply.sources, strict=True))
+        """(text piece, source) per token; an accepted draft of the learned drafter shows as
+        'learned', so the two drafters of a combined run get their own colours."""
+        r = self.reply
+        if r is None:
+            return []
+        return [(p, "learned" if s == "draft" and b.startswith("learned") else s)
+                for p, s, b in zip(r.pieces, r.sources, r.drafted_by, strict=True)]
 
     @property
     def tokens(self) -> list[int]:

@@ -1,0 +1,580 @@
+"""`python app.py distill`: learn a tiny drafter from the target itself and export it to ONNX.
+
+  1. collect  the target reads a corpus (the long documents of the training prompts) and its own
+              greedy answers to training prompts; every position gives (token, final hidden state,
+              the target's argmax), with hidden states returned beside the logits by llama.cpp.
+  2. subset   FR-Spec: the most frequent target tokens in that data (ties and the rest by token id,
+              a proxy for BPE merge order) form the drafter's output vocabulary.
+  3. train    numpy, Adam: an MLP maps (hidden state h_t, input embedding of x_{t+1}) to h_{t+1};
+              loss = cross-entropy against the target's distribution over the subset (the target's
+              own output rows applied to h_{t+1}) + a small feature-regression term. Half the
+              inputs are the drafter's own predicted feature instead of h_t, as at draft depth >= 2.
+  4. export   an ONNX graph built with the onnx package (input normalisation folded into the first
+              layer), checked against the numpy model in ONNX Runtime, and a manifest; written to a
+              temporary folder and renamed into place, so an interrupted run leaves nothing half-done.
+
+Prompts used for evaluation are never trained on: by default the first `--holdout` prompts of each
+category of each suite are excluded (the bench's `--per-category N` takes the first N), and the
+manifest lists the question ids used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.drafters import onnx as learned
+from edgespec.errors import EdgeSpecError
+
+DEFAULT_SUITE = "spec_bench"
+
+
+@dataclass
+class DistillConfig:
+    target: str
+    out: str | None = None
+    suites: list[str] = field(default_factory=lambda: [DEFAULT_SUITE])
+    budget_minutes: float = 20.0
+    holdout: int = 5  # first N prompts of each category are never used
+    vocab: int = 16384
+    hidden: int = 1024
+    max_new_tokens: int = 96
+    max_doc_tokens: int = 768
+    collect_share: float = 0.45  # of the budget; training gets the rest minus export
+    seed: int = 0
+    n_ctx: int = 2048
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.budget_minutes > 0:
+            raise EdgeSpecError(f"--budget-minutes must be > 0, got {self.budget_minutes}")
+        if self.vocab < 16:
+            raise EdgeSpecError(f"--vocab must be >= 16, got {self.vocab}")
+        if self.hidden < 8:
+            raise EdgeSpecError(f"--hidden must be >= 8, got {self.hidden}")
+        if self.holdout < 0:
+            raise EdgeSpecError(f"--holdout must be >= 0, got {self.holdout}")
+
+
+@dataclass
+class Sequence_:
+    tokens: np.ndarray  # [L] int32
+    hidden: np.ndarray  # [L, n_embd] float16: final hidden state at each position
+    argmax: np.ndarray  # [L] int32: the target's greedy next token at each position
+    kind: str  # 'corpus' | 'generated'
+    qid: str
+
+
+# ----------------------------------------------------------------------------- data
+def split_prompts(suites: Sequence[str], holdout: int):
+    """(training prompts, held-out prompt ids): the first `holdout` of each category are held out."""
+    from benchmarks.suite import load_suites
+
+    prompts = load_suites(list(suites))
+    seen: dict[str, int] = {}
+    train, held = [], []
+    for pr in prompts:
+        seen[pr.category] = seen.get(pr.category, 0) + 1
+        (held if seen[pr.category] <= holdout else train).append(pr)
+    if not train:
+        raise EdgeSpecError(f"no training prompts left after holding out {holdout} per category")
+    return train, [pr.id for pr in held]
+
+
+def read_with_hidden(model, tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The target's hidden states [L, n_embd] and argmax [L] over `tokens` (fresh context)."""
+    model.reset()
+    hid, arg = [], []
+    for start in range(0, len(tokens), model.n_batch):
+        chunk = tokens[start : start + model.n_batch]
+        logits = model.decode(chunk, n_logits=len(chunk), hidden=True)
+        arg.append(np.argmax(logits, axis=1).astype(np.int32))
+        hid.append(model.last_hidden.astype(np.float16))
+    return np.concatenate(hid), np.concatenate(arg)
+
+
+def collect(model, session, train, cfg: DistillConfig, deadline: float, tick: Callable[[str, int], None]) -> list[Sequence_]:
+    """Corpus reading and self-generation, alternating, until `deadline`."""
+    from edgespec.sampling import SamplingParams
+    from edgespec.session import Request
+
+    rng = np.random.default_rng(cfg.seed)
+    order = list(rng.permutation(len(train)))
+    framing = "chat" if model.chat_template() is not None else "qa"
+    seqs: list[Sequence_] = []
+    n_tok = 0
+    docs = [i for i in order if len(train[i].text) > 1200]  # long documents: read as corpus
+    asks = [i for i in order if len(train[i].text) <= 1200]  # questions: the target answers
+    turn = 0
+    while time.monotonic() < deadline and (docs or asks):
+        take_doc = docs and (turn % 3 == 0 or not asks)
+        turn += 1
+        if take_doc:
+            pr = train[docs.pop()]
+            toks = model.tokenize(pr.text, add_special=True)[: cfg.max_doc_tokens]
+            kind = "corpus"
+        else:
+            pr = train[asks.pop()]
+            req = Request(text=pr.text, framing=framing, draft="ngram", max_tokens=cfg.max_new_tokens,
+                          sampling=SamplingParams(0.0))
+            from edgespec.session import frame
+
+            prompt = frame(model, req).tokens
+            if len(prompt) + cfg.max_new_tokens >= model.n_ctx:
+                continue
+            reply = session.run(req)
+            toks = prompt + reply.tokens
+            kind = "generated"
+        if len(toks) < 4 or len(toks) >= model.n_ctx:
+            continue
+        hid, arg = read_with_hidden(model, toks)
+        seqs.append(Sequence_(np.asarray(toks, dtype=np.int32), hid, arg, kind, pr.id))
+        n_tok += len(toks)
+        tick(kind, n_tok)
+    if not seqs:
+        raise EdgeSpecError("the budget ran out before any training data was collected; raise --budget-minutes")
+    return seqs
+
+
+def choose_subset(seqs: Sequence[Sequence_], n_vocab: int, size: int, always: Sequence[int]) -> np.ndarray:
+    """FR-Spec vocabulary: the most frequent target tokens (argmax and text), then by token id."""
+    counts = np.zeros(n_vocab, dtype=np.int64)
+    for s in seqs:
+        np.add.at(counts, s.argmax, 1)
+        np.add.at(counts, s.tokens, 1)
+    size = min(size, n_vocab)
+    order = np.lexsort((np.arange(n_vocab), -counts))  # by count desc, then id asc
+    chosen = set(int(t) for t in always if 0 <= t < n_vocab)
+    out = list(chosen)
+    for t in order:
+        if len(out) >= size:
+            break
+        if int(t) not in chosen:
+            out.append(int(t))
+    return np.asarray(sorted(out[:size]), dtype=np.int64)
+
+
+# ----------------------------------------------------------------------------- model
+class MLP:
+    """f_next = W2 silu(W1 z + b1) + b2 + A z, z = [(h - mu_h)/sd_h ; (e - mu_e)/sd_e]."""
+
+    def __init__(self, n_embd: int, hidden: int, rng: np.random.Generator) -> None:
+        d_in = 2 * n_embd
+        self.p = {
+            "W1": (rng.standard_normal((d_in, hidden)) / np.sqrt(d_in)).astype(np.float32),
+            "b1": np.zeros(hidden, dtype=np.float32),
+            "W2": (rng.standard_normal((hidden, n_embd)) * (0.5 / np.sqrt(hidden))).astype(np.float32),
+            "b2": np.zeros(n_embd, dtype=np.float32),
+            "A": np.zeros((d_in, n_embd), dtype=np.float32),
+        }
+        self.m = {k: np.zeros_like(v) for k, v in self.p.items()}
+        self.v = {k: np.zeros_like(v) for k, v in self.p.items()}
+        self.t = 0
+
+    def forward(self, z: np.ndarray) -> tuple[np.ndarray, tuple]:
+        p = self.p
+        a = z @ p["W1"] + p["b1"]
+        sig = 1.0 / (1.0 + np.exp(-a))
+        s = a * sig
+        f = s @ p["W2"] + p["b2"] + z @ p["A"]
+        return f, (z, a, sig, s)
+
+    def backward(self, df: np.ndarray, cache: tuple) -> dict[str, np.ndarray]:
+        z, a, sig, s = cache
+        p = self.p
+        ds = df @ p["W2"].T
+        da = ds * (sig * (1.0 + a * (1.0 - sig)))
+        return {"W1": z.T @ da, "b1": da.sum(0), "W2": s.T @ df, "b2": df.sum(0), "A": z.T @ df}
+
+    def adam(self, grads: dict[str, np.ndarray], lr: float, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
+             wd: float = 1e-4) -> None:
+        self.t += 1
+        for k, g in grads.items():
+            self.m[k] = b1 * self.m[k] + (1 - b1) * g
+            self.v[k] = b2 * self.v[k] + (1 - b2) * g * g
+            mh = self.m[k] / (1 - b1**self.t)
+            vh = self.v[k] / (1 - b2**self.t)
+            self.p[k] -= lr * (mh / (np.sqrt(vh) + eps) + (wd * self.p[k] if k[0] in "WA" else 0.0))
+
+
+@dataclass
+class Dataset:
+    h: np.ndarray  # [N, n_embd] float32 hidden at i
+    e_tok: np.ndarray  # [N] token x_{i+1}
+    h_next: np.ndarray  # [N, n_embd] hidden at i+1 (the target)
+    prev: np.ndarray  # [N] index of the example for position i-1 in the same sequence, or -1
+    argmax_next: np.ndarray  # [N] the target's greedy token at i+1 (what a draft must hit)
+
+
+def build_dataset(seqs: Sequence[Sequence_]) -> Dataset:
+    hs, toks, hn, prev, am = [], [], [], [], []
+    base = 0
+    for s in seqs:
+        n = len(s.tokens) - 1  # examples i = 0..L-2
+        if n <= 0:
+            continue
+        hs.append(s.hidden[:n])
+        toks.append(s.tokens[1:])
+        hn.append(s.hidden[1:])
+        pv = np.arange(base - 1, base + n - 1)
+        pv[0] = -1
+        prev.append(pv)
+        am.append(s.argmax[1:])
+        base += n
+    return Dataset(np.concatenate(hs).astype(np.float32), np.concatenate(toks), np.concatenate(hn).astype(np.float32),
+                   np.concatenate(prev), np.concatenate(am))
+
+
+class Trainer:
+    def __init__(self, data: Dataset, emb_of: Callable[[np.ndarray], np.ndarray], head: np.ndarray,
+                 hidden: int, seed: int) -> None:
+        self.data = data
+        self.emb_of = emb_of  # token ids -> input embeddings
+        self.head = head  # [n_subset, n_embd] the target's output rows for the subset
+        rng = np.random.default_rng(seed)
+        self.rng = rng
+        n_embd = head.shape[1]
+        e_all = emb_of(data.e_tok[: min(len(data.e_tok), 20000)])
+        self.mu_h, self.sd_h = data.h.mean(0), data.h.std(0) + 1e-4
+        self.mu_e, self.sd_e = e_all.mean(0), e_all.std(0) + 1e-4
+        self.var_h = float(data.h_next.var())
+        self.mlp = MLP(n_embd, hidden, rng)
+        self.feat_weight = 0.1
+        self.steps = 0
+        self.loss = float("nan")
+
+    def z(self, h: np.ndarray, e: np.ndarray) -> np.ndarray:
+        return np.concatenate([(h - self.mu_h) / self.sd_h, (e - self.mu_e) / self.sd_e], axis=1).astype(np.float32)
+
+    def predict(self, h: np.ndarray, e: np.ndarray) -> np.ndarray:
+        return self.mlp.forward(self.z(h, e))[0]
+
+    def step(self, idx: np.ndarray, lr: float) -> float:
+        d = self.data
+        h = d.h[idx].copy()
+        # Half the batch starts from the drafter's own prediction of h_i (as at draft depth >= 2).
+        own = (self.rng.random(len(idx)) < 0.5) & (d.prev[idx] >= 0)
+        if own.any():
+            j = d.prev[idx[own]]
+            h[own] = self.predict(d.h[j], self.emb_of(d.e_tok[j]))
+        e = self.emb_of(d.e_tok[idx])
+        f, cache = self.mlp.forward(self.z(h, e))
+        target = d.h_next[idx]
+        lg = f @ self.head.T
+        tl = target @ self.head.T
+        q = _softmax(lg)
+        p = _softmax(tl)
+        b = len(idx)
+        ce = float(-(p * np.log(q + 1e-12)).sum(1).mean() + (p * np.log(p + 1e-12)).sum(1).mean())  # KL(p||q)
+        diff = f - target
+        mse = float((diff**2).mean() / self.var_h)
+        dlg = (q - p) / b
+        df = dlg @ self.head + self.feat_weight * 2.0 * diff / (diff.size * self.var_h)
+        self.mlp.adam(self.mlp.backward(df.astype(np.float32), cache), lr)
+        self.steps += 1
+        self.loss = ce + self.feat_weight * mse
+        return self.loss
+
+    def accuracy(self, d: Dataset, subset: np.ndarray) -> float | None:
+        """Share of examples of `d` where the drafter's argmax is the target's greedy token (depth 1)."""
+        if len(d.h) == 0:
+            return None
+        hits = 0
+        for s in range(0, len(d.h), 512):
+            j = np.arange(s, min(s + 512, len(d.h)))
+            f = self.predict(d.h[j], self.emb_of(d.e_tok[j]))
+            hits += int((subset[np.argmax(f @ self.head.T, axis=1)] == d.argmax_next[j]).sum())
+        return hits / len(d.h)
+
+    def export_params(self) -> dict[str, np.ndarray]:
+        """The MLP with input normalisation folded in: z = x * s + o, so x W = ..."""
+        p = self.mlp.p
+        scale = np.concatenate([1.0 / self.sd_h, 1.0 / self.sd_e]).astype(np.float32)
+        offset = np.concatenate([-self.mu_h / self.sd_h, -self.mu_e / self.sd_e]).astype(np.float32)
+        return {
+            "W1": (p["W1"] * scale[:, None]).astype(np.float32),
+            "b1": (p["b1"] + offset @ p["W1"]).astype(np.float32),
+            "W2": p["W2"],
+            "b2": (p["b2"] + offset @ p["A"]).astype(np.float32),
+            "A": (p["A"] * scale[:, None]).astype(np.float32),
+        }
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    x = x - x.max(axis=1, keepdims=True)
+    np.exp(x, out=x)
+    x /= x.sum(axis=1, keepdims=True)
+    return x
+
+
+def chain_acceptance(trainer: Trainer, seqs: Sequence[Sequence_], emb_of, subset: np.ndarray, depth: int = 4,
+                     max_starts: int = 400) -> list[float]:
+    """On held-out generated text (the target's own greedy output), the share of draft positions
+    1..depth accepted by greedy verification, drafting from the target's hidden state."""
+    hits = np.zeros(depth)
+    tried = np.zeros(depth)
+    starts = 0
+    for s in seqs:
+        if s.kind != "generated":
+            continue
+        L = len(s.tokens)
+        for i in range(max(0, L - 97), L - depth - 1, 3):  # positions in the generated part
+            f = s.hidden[i : i + 1].astype(np.float32)
+            tok = s.tokens[i + 1]
+            for k in range(depth):
+                f = trainer.predict(f, emb_of(np.array([tok])))
+                d = subset[int(np.argmax(f @ trainer.head.T))]
+                want = s.argmax[i + 1 + k]
+                tried[k] += 1
+                if d != want:
+                    break
+                hits[k] += 1
+                tok = d
+            starts += 1
+            if starts >= max_starts:
+                break
+    return [round(float(hits[k] / tried[k]), 4) if tried[k] else None for k in range(depth)]
+
+
+# ----------------------------------------------------------------------------- export
+def build_onnx(params: dict[str, np.ndarray], head: np.ndarray):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    n_embd = head.shape[1]
+    inits = [numpy_helper.from_array(np.ascontiguousarray(v), name=k) for k, v in params.items()]
+    inits.append(numpy_helper.from_array(np.ascontiguousarray(head.T.astype(np.float32)), name="head_T"))
+    nodes = [
+        helper.make_node("Concat", ["feature", "embedding"], ["z"], axis=1),
+        helper.make_node("MatMul", ["z", "W1"], ["a0"]),
+        helper.make_node("Add", ["a0", "b1"], ["a"]),
+        helper.make_node("Sigmoid", ["a"], ["sig"]),
+        helper.make_node("Mul", ["a", "sig"], ["s"]),
+        helper.make_node("MatMul", ["s", "W2"], ["f0"]),
+        helper.make_node("MatMul", ["z", "A"], ["skip"]),
+        helper.make_node("Add", ["f0", "skip"], ["f1"]),
+        helper.make_node("Add", ["f1", "b2"], ["next_feature"]),
+        helper.make_node("MatMul", ["next_feature", "head_T"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "edgespec_learned_drafter",
+        [helper.make_tensor_value_info("feature", TensorProto.FLOAT, ["batch", n_embd]),
+         helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", n_embd])],
+        [helper.make_tensor_value_info("next_feature", TensorProto.FLOAT, ["batch", n_embd]),
+         helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", head.shape[0]])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="edgespec-distill")
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def export(out: Path, trainer: Trainer, subset: np.ndarray, manifest: dict) -> Path:
+    """Write drafter.onnx + manifest.json into a temporary sibling folder, check the graph against
+    the numpy model in ONNX Runtime, then move it into place (replacing an older drafter)."""
+    import onnx
+
+    out = out.expanduser().resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.part-", dir=out.parent))
+    try:
+        model = build_onnx(trainer.export_params(), trainer.head)
+        onnx.save(model, str(tmp / learned.ONNX_FILE))
+        (tmp / learned.MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        sess = learned.open_session(tmp / learned.ONNX_FILE)
+        d = trainer.data
+        j = np.arange(min(8, len(d.h)))
+        h, e = d.h[j], trainer.emb_of(d.e_tok[j])
+        got_f, got_l = sess.run(("next_feature", "logits"), {"feature": h, "embedding": e})
+        want_f = trainer.predict(h, e)
+        err = float(np.abs(got_f - want_f).max() / (np.abs(want_f).max() + 1e-9))
+        if err > 1e-3:
+            raise EdgeSpecError(f"the exported ONNX graph disagrees with the trained model (relative error {err:.2e})")
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{int(time.time())}")
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+# ----------------------------------------------------------------------------- the command
+def run(cfg: DistillConfig, log: Callable[[str], None] = print) -> Path:
+    from tqdm import tqdm
+
+    from edgespec.loader import RuntimeOptions, load_model
+    from edgespec.session import Session
+
+    t_start = time.monotonic()
+    budget_s = cfg.budget_minutes * 60.0
+    end = t_start + budget_s
+    train_prompts, held_ids = split_prompts(cfg.suites, cfg.holdout)
+    opts = RuntimeOptions(n_ctx=cfg.n_ctx, n_threads=cfg.threads)
+    model = load_model(cfg.target, opts)
+    session = Session(model, opts)
+    tensors = learned.TargetTensors(model.path)
+    if tensors.n_embd != model.n_embd or tensors.n_vocab < model.n_vocab:
+        raise EdgeSpecError(f"{Path(model.path).name}: GGUF embeddings ({tensors.n_vocab}x{tensors.n_embd}) do not match "
+                            f"the model ({model.n_vocab}x{model.n_embd})")
+    out = Path(cfg.out) if cfg.out else learned.store_dir() / Path(model.path).stem
+    log(f"distilling a drafter for {Path(model.path).name} into {out} (budget {cfg.budget_minutes:g} min; "
+        f"{len(train_prompts)} training prompts, {len(held_ids)} held out)")
+
+    bar = tqdm(total=round(budget_s), unit="s", desc="collect", file=sys.stderr,
+               bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s [ETA {remaining}] {postfix}")
+
+    def tick(info: str) -> None:
+        bar.n = min(round(time.monotonic() - t_start), bar.total)
+        bar.set_postfix_str(info, refresh=True)
+
+    try:
+        collect_end = t_start + cfg.collect_share * budget_s
+        seqs = collect(model, session, train_prompts, cfg, collect_end,
+                       lambda kind, n: tick(f"{n} tokens read ({kind})"))
+        rng = np.random.default_rng(cfg.seed)
+        # every 10th sequence (at least one once there are two) is held out for the manifest's figures
+        held_at = set(range(9, len(seqs), 10)) or ({len(seqs) - 1} if len(seqs) >= 2 else set())
+        held = [s for i, s in enumerate(seqs) if i in held_at]
+        fit = [s for i, s in enumerate(seqs) if i not in held_at]
+        eog = [t for t in range(model.n_vocab) if model.is_eog(t)][:8]
+        subset = choose_subset(fit, model.n_vocab, cfg.vocab, eog)
+        head = tensors.output_rows(subset)
+        emb_cache: dict[int, np.ndarray] = {}
+
+        def emb_of(ids: np.ndarray) -> np.ndarray:
+            ids = np.asarray(ids)
+            missing = [int(t) for t in np.unique(ids) if int(t) not in emb_cache]
+            if missing:
+                for t, row in zip(missing, tensors.embeddings(missing), strict=True):
+                    emb_cache[t] = row
+            return np.stack([emb_cache[int(t)] for t in ids])
+
+        data = build_dataset(fit)
+        heldout = build_dataset(held) if held else None
+        trainer = Trainer(data, emb_of, head, cfg.hidden, cfg.seed)
+        bar.set_description("train")
+        export_reserve = min(30.0, 0.1 * budget_s)
+        train_end = end - export_reserve
+        t_train0 = time.monotonic()
+        span = max(train_end - t_train0, 1.0)
+        batch = 256
+        while time.monotonic() < train_end:
+            frac = (time.monotonic() - t_train0) / span
+            lr = 2e-3 * min(1.0, (trainer.steps + 1) / 50) * 0.5 * (1 + np.cos(np.pi * min(frac, 1.0)))
+            idx = rng.integers(0, len(data.h), batch)
+            trainer.step(idx, max(lr, 2e-5))
+            if trainer.steps % 10 == 0:
+                tick(f"step {trainer.steps}, loss {trainer.loss:.3f}")
+        if trainer.steps == 0:
+            raise EdgeSpecError("the budget left no time to train; raise --budget-minutes")
+        bar.set_description("export")
+        tick("evaluating")
+        top1 = trainer.accuracy(heldout, subset) if heldout is not None else None
+        chain = chain_acceptance(trainer, held, emb_of, subset)
+        coverage = float(np.isin(heldout.argmax_next, subset).mean()) if heldout is not None else None
+        manifest = {
+            "format": learned.FORMAT,
+            "version": learned.VERSION,
+            "onnx": learned.ONNX_FILE,
+            "target_file": Path(model.path).name,
+            "target": tensors.fingerprint(),
+            "n_embd": model.n_embd,
+            "n_vocab": model.n_vocab,
+            "vocab_subset": [int(t) for t in subset],
+            "design": {
+                "kind": "mlp-feature-regression",
+                "inputs": "target final hidden state (or own prediction) + input embedding of the next token",
+                "hidden": cfg.hidden,
+                "head": f"target output rows for {len(subset)} most frequent tokens (FR-Spec)",
+                "parameters": int(sum(v.size for v in trainer.mlp.p.values())),
+            },
+            "training": {
+                "suites": cfg.suites,
+                "held_out_ids": held_ids,
+                "corpus_ids": sorted({s.qid for s in fit if s.kind == "corpus"}),
+                "generated_ids": sorted({s.qid for s in fit if s.kind == "generated"}),
+                "tokens": int(sum(len(s.tokens) for s in fit)),
+                "examples": int(len(data.h)),
+                "steps": trainer.steps,
+                "batch": batch,
+                "final_loss": round(trainer.loss, 4),
+                "seconds": round(time.monotonic() - t_start, 1),
+            },
+            "heldout": {
+                "sequences": len(held),
+                "tokens": int(sum(len(s.tokens) for s in held)),
+                "top1_agreement": None if top1 is None else round(top1, 4),
+                "subset_coverage": None if coverage is None else round(coverage, 4),
+                "chain_acceptance": chain,
+            },
+        }
+        path = export(out, trainer, subset, manifest)
+        bar.n = bar.total
+        bar.close()
+    except BaseException:
+        bar.close()
+        raise
+    finally:
+        session.close()
+    h = manifest["heldout"]
+    log(f"wrote {path} ({manifest['training']['tokens']} training tokens, {trainer.steps} steps, "
+        f"{manifest['training']['seconds']:.0f} s); held-out top-1 agreement {h['top1_agreement']}, "
+        f"greedy acceptance by draft depth {h['chain_acceptance']}, subset covers {h['subset_coverage']} of the target's tokens")
+    log(f"use it: python app.py --target {cfg.target} --draft learned:{path}   (or ngram+learned:{path})")
+    return path
+
+
+def add_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--target", required=True, help="target model: .gguf path or bundled name")
+    ap.add_argument("--out", default=None, help="drafter folder (default: the drafter store, named after the target)")
+    ap.add_argument("--suite", action="append", default=[], help=f"prompt suite (.jsonl or shipped name; repeatable; default {DEFAULT_SUITE})")
+    ap.add_argument("--budget-minutes", type=float, default=20.0, help="whole run, collection + training + export (default 20)")
+    ap.add_argument("--holdout", type=int, default=5, help="first N prompts of each category are never trained on (default 5)")
+    ap.add_argument("--vocab", type=int, default=16384, help="output vocabulary subset size (FR-Spec; default 16384)")
+    ap.add_argument("--hidden", type=int, default=1024, help="MLP width (default 1024)")
+    ap.add_argument("--max-new-tokens", type=int, default=96, help="length of each self-generated answer (default 96)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ctx", type=int, default=2048)
+    ap.add_argument("--threads", type=int, default=None)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="app.py distill", description="learn a small ONNX drafter from a target model")
+    add_args(ap)
+    args = ap.parse_args(argv)
+    return run_args(args)
+
+
+def run_args(args: argparse.Namespace) -> int:
+    try:
+        cfg = DistillConfig(target=args.target, out=args.out, suites=args.suite or [DEFAULT_SUITE],
+                            budget_minutes=args.budget_minutes, holdout=args.holdout, vocab=args.vocab,
+                            hidden=args.hidden, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                            n_ctx=args.ctx, threads=args.threads)
+        run(cfg)
+    except EdgeSpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\ninterrupted: no drafter was written", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""The learned ONNX drafter, end to end on the real bundled SmolLM2: `app.py distill` trains one in
+the test itself (tiny budget), then it is loaded with ONNX Runtime's CPU provider, proposes tokens
+with their q distributions, is verified losslessly by the engine, and refuses what it must refuse."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+
+import numpy as np
+import pytest
+
+from edgespec.drafters import build
+from edgespec.drafters import onnx as learned
+from edgespec.drafters.ngram import NgramDrafter
+from edgespec.engine import DRAFT, Engine, FixedGamma, GenerationConfig
+from edgespec.errors import EdgeSpecError
+from edgespec.loader import RuntimeOptions
+from edgespec.sampling import SamplingParams, process
+from edgespec.session import Reply
+from tests.conftest import run_app
+
+BUDGET_MIN = 0.75
+
+
+@pytest.fixture(scope="module")
+def drafter_dir(tmp_path_factory):
+    """A drafter distilled from SmolLM2 by the real command, within a tiny budget."""
+    out = tmp_path_factory.mktemp("learned") / "smol-drafter"
+    t0 = time.monotonic()
+    res = run_app("distill", "--target", "smollm2-135m", "--out", str(out), "--budget-minutes", str(BUDGET_MIN),
+                  "--vocab", "4096", "--hidden", "128", "--max-new-tokens", "32", timeout=240)
+    took = time.monotonic() - t0
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert took < 120, f"distill took {took:.0f} s"
+    assert "wrote" in res.stdout and "ETA" in res.stderr  # a progress bar with an ETA
+    return out
+
+
+def test_distill_writes_a_checked_onnx_drafter_and_manifest(drafter_dir, smollm2):
+    m = json.loads((drafter_dir / learned.MANIFEST).read_text())
+    assert m["format"] == learned.FORMAT and (drafter_dir / learned.ONNX_FILE).stat().st_size > 0
+    assert m["target"] == learned.target_fingerprint(smollm2.path)
+    assert m["n_embd"] == smollm2.n_embd == 576
+    subset = np.asarray(m["vocab_subset"])
+    assert len(subset) == 4096 and len(np.unique(subset)) == 4096 and subset.max() < smollm2.n_vocab
+    tr = m["training"]
+    assert tr["steps"] > 0 and tr["tokens"] > 0 and tr["held_out_ids"]
+    trained = set(tr["corpus_ids"]) | set(tr["generated_ids"])
+    assert trained and not trained & set(tr["held_out_ids"])  # never trains on held-out prompts
+    assert "top1_agreement" in m["heldout"]
+    assert not list(drafter_dir.parent.glob(".*part-*"))  # no temporary folder left behind
+
+
+def test_onnx_runtime_cpu_provider_and_proposals(drafter_dir, smollm2):
+    d = learned.LearnedDrafter(drafter_dir, smollm2)
+    assert d.provider == "CPUExecutionProvider" and d.name.endswith("@CPU")
+    assert 0 < d.draft_cost_s() < 1.0
+    prompt = smollm2.tokenize("The sea is")
+    d.begin(prompt, SamplingParams(0.0))
+    assert len(d.propose(prompt, 4)) == 0  # no hidden state of the target yet: nothing to propose
+    smollm2.reset()
+    smollm2.decode(prompt, n_logits=len(prompt), hidden=True)
+    # the hidden state that produced the newest committed token (the prompt's last) is row -2
+    hidden = smollm2.last_hidden[-2].copy()
+    ctx = prompt
+    d.observe_hidden(hidden)
+    d.commit(ctx, 0)
+    greedy = d.propose(ctx, 4)
+    assert len(greedy) == 4 and greedy.probs is None and greedy.source == "learned"
+    assert set(greedy.tokens.tolist()) <= set(d.subset.tolist())
+    # sampled drafts come with q over the whole vocabulary, zero outside the subset
+    d.begin(prompt, SamplingParams(0.8, seed=3))
+    d.observe_hidden(hidden)
+    d.commit(ctx, 0)
+    sampled = d.propose(ctx, 3)
+    assert sampled.probs.shape == (3, smollm2.n_vocab)
+    np.testing.assert_allclose(sampled.probs.sum(1), 1.0, rtol=1e-5)
+    outside = np.setdiff1d(np.arange(smollm2.n_vocab), d.subset)
+    assert sampled.probs[:, outside].max() == 0.0
+    for tok, q in zip(sampled.tokens, sampled.probs, strict=True):
+        assert q[tok] > 0
+    # the first q is the processed drafter distribution at the target's hidden state
+    _, logits = d.step(hidden[None, :], ctx[-1])
+    full = np.full(smollm2.n_vocab, -np.inf, dtype=np.float32)
+    full[d.subset] = logits
+    np.testing.assert_allclose(sampled.probs[0], process(full, SamplingParams(0.8, seed=3)), rtol=1e-5, atol=1e-9)
+
+
+def test_greedy_with_learned_drafter_equals_same_path_reference(drafter_dir, smollm2):
+    cfg = GenerationConfig(max_tokens=40, min_batch_rows=2)
+    for text in ("Write a short poem about the sea.", "What is the capital of France? Answer:"):
+        prompt = smollm2.tokenize(smollm2.apply_chat_template([{"role": "user", "content": text}]), parse_special=True)
+        ref = Reply.collect(Engine(smollm2, None).generate(prompt, cfg))
+        for gamma in (1, 3):
+            drafter = learned.LearnedDrafter(drafter_dir, smollm2)
+            spec = Reply.collect(Engine(smollm2, drafter, FixedGamma(gamma)).generate(prompt, cfg))
+            assert spec.tokens == ref.tokens, f"gamma={gamma} {text!r}"
+            assert spec.stats.drafted > 0  # it did draft after the first (plain) step
+            drafted_by = {b for b, s in zip(spec.drafted_by, spec.sources, strict=True) if s == DRAFT}
+            assert drafted_by <= {"learned"} and spec.drafted_by.count("learned") == spec.stats.accepted
+
+
+def test_sampled_verification_with_learned_drafter_is_reproducible(drafter_dir, smollm2):
+    prompt = smollm2.tokenize("Once upon a time")
+    cfg = GenerationConfig(max_tokens=32, sampling=SamplingParams(0.8, seed=11))
+    runs = [Reply.collect(Engine(smollm2, learned.LearnedDrafter(drafter_dir, smollm2), FixedGamma(2)).generate(prompt, cfg))
+            for _ in range(2)]
+    assert runs[0].tokens == runs[1].tokens and len(runs[0].tokens) == 32
+    assert runs[0].stats.drafted > 0
+
+
+def test_combined_drafter_names_each_source(drafter_dir, smollm2):
+    text = ("Repeat this list exactly: apples, pears, plums, cherries, grapes, lemons, limes, oranges, "
+            "apples, pears, plums, cherries, grapes, lemons, limes, oranges.")
+    prompt = smollm2.tokenize(smollm2.apply_chat_template([{"role": "user", "content": text}]), parse_special=True)
+    combined = learned.CombinedDrafter(NgramDrafter(1, 16), learned.LearnedDrafter(drafter_dir, smollm2))
+    r = Reply.collect(Engine(smollm2, combined, FixedGamma(3)).generate(prompt, GenerationConfig(max_tokens=48)))
+    by = [b for b, s in zip(r.drafted_by, r.sources, strict=True) if s == DRAFT]
+    assert by and set(by) <= {"ngram", "learned"} and "ngram" in by
+    assert all(b == "" for b, s in zip(r.drafted_by, r.sources, strict=True) if s != DRAFT)
+
+
+def test_registry_and_bare_path_select_the_learned_drafter(drafter_dir, smollm2):
+    opts = RuntimeOptions()
+    assert isinstance(build(str(drafter_dir), smollm2, opts), learned.LearnedDrafter)
+    assert isinstance(build(f"learned:{drafter_dir}", smollm2, opts), learned.LearnedDrafter)
+    assert isinstance(build(f"ngram+learned:{drafter_dir}", smollm2, opts), learned.CombinedDrafter)
+
+
+def test_drafter_for_another_target_is_refused(drafter_dir, gemma):
+    with pytest.raises(EdgeSpecError, match="made for SmolLM2.*not gemma"):
+        learned.LearnedDrafter(drafter_dir, gemma)
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("other-target", "was made for"),
+    ("corrupt-onnx", "ONNX Runtime cannot load"),
+    ("no-manifest", "has no manifest.json"),
+    ("bad-manifest", "not readable JSON"),
+])
+def test_bad_drafter_files_are_one_line_errors(drafter_dir, tmp_path, damage, message):
+    bad = tmp_path / "bad"
+    shutil.copytree(drafter_dir, bad)
+    target = "smollm2-135m"
+    if damage == "other-target":
+        target = "gemma3-270m"
+    elif damage == "corrupt-onnx":
+        data = (bad / learned.ONNX_FILE).read_bytes()
+        (bad / learned.ONNX_FILE).write_bytes(data[: len(data) // 3])
+    elif damage == "no-manifest":
+        (bad / learned.MANIFEST).unlink()
+    elif damage == "bad-manifest":
+        (bad / learned.MANIFEST).write_text("{not json")
+    res = run_app("--headless", "--target", target, "--draft", f"learned:{bad}", "--prompt", "hi", "--max-tokens", "4",
+                  timeout=120)
+    assert res.returncode != 0
+    err = res.stderr.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1 and err.startswith("error:"), err
+    assert message in err
+
+
+def test_distill_bad_input_is_one_line():
+    res = run_app("distill", "--target", "smollm2-135m", "--budget-minutes", "0", timeout=60)
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines() == ["error: --budget-minutes must be > 0, got 0.0"]
