@@ -77,11 +77,13 @@ class AutoGamma:
         """Draft length for the next step; `hint` is what the drafter knows before drafting (the
         n-gram drafter's matched size, 0 when it has nothing to propose), None, or a `Hint` naming
         the source that will propose and its cost c (a combined drafter: alpha is kept per source)."""
-        source, c = "", None
+        source, c, alpha_max = "", None, 0.95
         costs = self.costs
         if isinstance(hint, Hint):
             if hint.draft_cost_s is not None and costs is not None:
                 c = hint.draft_cost_s / costs.seconds(1)
+            if hint.alpha_max is not None:
+                alpha_max = hint.alpha_max
             source, hint = hint.source, hint.size
         self._key = ("hint", source, hint) if hint is not None else ("state", source, self._state)
         if costs is None or hint == 0:
@@ -92,7 +94,7 @@ class AutoGamma:
             if s < self.margin:
                 g = 0
             probe_here = hint is None or hint >= self.probe_min_hint
-            if g == 0 and probe_here and self._since_draft >= self._probe_interval and self._could_pay(costs, c):
+            if g == 0 and probe_here and self._since_draft >= self._probe_interval and self._could_pay(costs, c, alpha_max):
                 g = self.probe_gamma if costs.draft_cap is None else min(self.probe_gamma, costs.draft_cap)
                 self._probing = g > 0
         self.last_choice = g
@@ -109,10 +111,11 @@ class AutoGamma:
         g, s = self.costs.best_gamma(self.alpha, min(available, self.gamma_max), c=0.0)
         return g if s >= self.margin else 0
 
-    def _could_pay(self, costs: CostModel, c: float | None = None) -> bool:
+    def _could_pay(self, costs: CostModel, c: float | None = None, alpha_max: float = 0.95) -> bool:
         """Viability (the paper's alpha > c, with verification cost): would speculation pay even
-        if nearly every draft were accepted? If not, probing for alpha only costs time."""
-        return costs.best_gamma(0.95, self.gamma_max, c=c)[1] >= self.margin
+        at the best acceptance the source can reach (nearly every draft, unless the drafter says
+        less)? If not, probing for alpha only costs time."""
+        return costs.best_gamma(alpha_max, self.gamma_max, c=c)[1] >= self.margin
 
     def observe(self, k: int, n_accepted: int) -> None:
         """Learn from one step's outcome (tokens only: planning from live timings would make the

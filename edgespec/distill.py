@@ -145,14 +145,18 @@ def collect(model, session, train, cfg: DistillConfig, deadline: float, tick: Ca
     return seqs
 
 
-def choose_subset(seqs: Sequence[Sequence_], n_vocab: int, size: int, always: Sequence[int]) -> np.ndarray:
-    """FR-Spec vocabulary: the most frequent target tokens (argmax and text), then by token id."""
+def choose_subset(seqs: Sequence[Sequence_], n_vocab: int, size: int, always: Sequence[int],
+                  scores: np.ndarray | None = None) -> np.ndarray:
+    """FR-Spec vocabulary: the most frequent target tokens (argmax and text), then tokens the data
+    did not show, by the tokenizer's score (SentencePiece log-probability) when it has one, else by
+    id (BPE merge order)."""
     counts = np.zeros(n_vocab, dtype=np.int64)
     for s in seqs:
         np.add.at(counts, s.argmax, 1)
         np.add.at(counts, s.tokens, 1)
     size = min(size, n_vocab)
-    order = np.lexsort((np.arange(n_vocab), -counts))  # by count desc, then id asc
+    prior = np.arange(n_vocab, dtype=np.float64) if scores is None else -np.asarray(scores[:n_vocab], dtype=np.float64)
+    order = np.lexsort((prior, -counts))  # by count desc, then score desc / id asc
     chosen = set(int(t) for t in always if 0 <= t < n_vocab)
     out = list(chosen)
     for t in order:
@@ -379,7 +383,21 @@ def build_onnx(params: dict[str, np.ndarray], head: np.ndarray):
     return model
 
 
-def export(out: Path, trainer: Trainer, subset: np.ndarray, manifest: dict) -> Path:
+def quantize_weights(model, block_size: int = 32):
+    """8-bit weight-only quantization of every MatMul (ONNX Runtime's MatMulNBits, symmetric blocks
+    of 32, int8 compute): the drafter reads ~4x fewer bytes per token, which is its cost on a CPU.
+    Measured on the Gemma drafter: 0.65 ms per pass instead of 2.6 ms, same argmax."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+    from onnxruntime.quantization.quant_utils import QuantFormat
+
+    cfg = DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=True, accuracy_level=4, bits=8,
+                                       quant_format=QuantFormat.QOperator)
+    q = MatMulNBitsQuantizer(model, algo_config=cfg)
+    q.process()
+    return q.model.model
+
+
+def export(out: Path, trainer: Trainer, subset: np.ndarray, manifest: dict, heldout: Dataset | None = None) -> Path:
     """Write drafter.onnx + manifest.json into a temporary sibling folder, check the graph against
     the numpy model in ONNX Runtime, then move it into place (replacing an older drafter)."""
     import onnx
@@ -400,6 +418,21 @@ def export(out: Path, trainer: Trainer, subset: np.ndarray, manifest: dict) -> P
         err = float(np.abs(got_f - want_f).max() / (np.abs(want_f).max() + 1e-9))
         if err > 1e-3:
             raise EdgeSpecError(f"the exported ONNX graph disagrees with the trained model (relative error {err:.2e})")
+        # 8-bit weights, kept only if they pick the same draft token as float32 on held-out data
+        check = heldout if heldout is not None and len(heldout.h) else d
+        k = np.arange(min(512, len(check.h)))
+        h, e = check.h[k], trainer.emb_of(check.e_tok[k])
+        want = sess.run(("logits",), {"feature": h, "embedding": e})[0].argmax(1)
+        onnx.save(quantize_weights(model), str(tmp / "int8.onnx"))
+        got = learned.open_session(tmp / "int8.onnx").run(("logits",), {"feature": h, "embedding": e})[0].argmax(1)
+        agree = float((got == want).mean())
+        manifest["weights"] = {"format": "int8 MatMulNBits, block 32" if agree >= 0.98 else "float32",
+                               "int8_argmax_agreement": round(agree, 4)}
+        if agree >= 0.98:
+            (tmp / "int8.onnx").replace(tmp / learned.ONNX_FILE)
+        else:
+            (tmp / "int8.onnx").unlink()
+        (tmp / learned.MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         if out.exists():
             old = out.with_name(f".{out.name}.old-{int(time.time())}")
             out.rename(old)
@@ -452,7 +485,7 @@ def run(cfg: DistillConfig, log: Callable[[str], None] = print) -> Path:
         held = [s for i, s in enumerate(seqs) if i in held_at]
         fit = [s for i, s in enumerate(seqs) if i not in held_at]
         eog = [t for t in range(model.n_vocab) if model.is_eog(t)][:8]
-        subset = choose_subset(fit, model.n_vocab, cfg.vocab, eog)
+        subset = choose_subset(fit, model.n_vocab, cfg.vocab, eog, tensors.token_scores())
         head = tensors.output_rows(subset)
         emb_cache: dict[int, np.ndarray] = {}
 
@@ -523,7 +556,7 @@ def run(cfg: DistillConfig, log: Callable[[str], None] = print) -> Path:
                 "chain_acceptance": chain,
             },
         }
-        path = export(out, trainer, subset, manifest)
+        path = export(out, trainer, subset, manifest, heldout)
         bar.n = bar.total
         bar.close()
     except BaseException:

@@ -15,6 +15,7 @@ class RepeatDrafter:
     """Proposes the last committed token repeated gamma times (right on runs like '....' or '===')."""
 
     name = "repeat"
+    needs_hidden = False
 
     def __init__(self) -> None:
         self._last: int | None = None

@@ -59,6 +59,9 @@ class Hint:
     size: int | None  # 0 = nothing to propose; a positive size class; None = cannot tell
     source: str = ""
     draft_cost_s: float | None = None
+    # The best acceptance this source can be expected to reach (a learned drafter's held-out
+    # figure): gamma auto does not probe where even that would not pay on this machine.
+    alpha_max: float | None = None
 
 
 class Drafter(Protocol):
@@ -69,8 +72,7 @@ class Drafter(Protocol):
     name: str  # shown in stats and token provenance ('ngram', 'model:<description>', ...)
     # True for drafters fed the target's hidden states (learned heads): the engine then asks the
     # target for the final hidden state of each verified row and calls `observe_hidden` with the
-    # one that produced the newest committed token, before `commit`. Drafters without the
-    # attribute are treated as False.
+    # one that produced the newest committed token, before `commit`.
     needs_hidden: bool
 
     def begin(self, prompt: Sequence[int], sampling: SamplingParams) -> None:

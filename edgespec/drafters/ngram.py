@@ -24,6 +24,7 @@ from edgespec.sampling import SamplingParams
 
 class NgramDrafter:
     name = "ngram"
+    needs_hidden = False
 
     def __init__(self, n_min: int = 1, n_max: int = 16) -> None:
         if not (1 <= n_min <= n_max):

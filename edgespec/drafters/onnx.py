@@ -108,6 +108,14 @@ class TargetTensors:
     def output_rows(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
         return self._rows(self._out, ids)
 
+    def token_scores(self) -> np.ndarray | None:
+        """The tokenizer's per-token scores (SentencePiece log-probabilities: higher = more
+        frequent), when the GGUF has them."""
+        f = self._reader.fields.get("tokenizer.ggml.scores")
+        if f is None or len(f.data) != self.n_vocab:
+            return None
+        return np.asarray([f.parts[i][0] for i in f.data], dtype=np.float32)
+
     def fingerprint(self) -> dict:
         """What identifies the target for a drafter: architecture, sizes, and hashes of the token
         list and of the embedding and output tensors (a drafter learned one model's features)."""
@@ -240,14 +248,20 @@ class LearnedDrafter:
         self._feature_len = -1  # context length the feature belongs to
         self._pending: np.ndarray | None = None
         self._cost_s: float | None = None
+        # What gamma auto may hope for at best: the held-out greedy acceptance (best draft depth)
+        # plus 0.1 for prompts easier than the held-out text; unknown -> no limit.
+        chain = [a for a in (self.manifest.get("heldout") or {}).get("chain_acceptance") or [] if a is not None]
+        self.alpha_max = min(0.95, max(chain) + 0.1) if chain else None
 
     def begin(self, prompt: Sequence[int], sampling: SamplingParams) -> None:
         self._sampling = sampling
         self._noise = Noise(sampling.seed)
         self._feature, self._feature_len, self._pending = None, -1, None
 
-    def hint(self, context: Sequence[int]) -> int | None:
-        return 0 if not self.ready(context) else None
+    def hint(self, context: Sequence[int]) -> Hint:
+        if not self.ready(context):
+            return Hint(0, self.source)
+        return Hint(None, self.source, self.draft_cost_s(), self.alpha_max)
 
     def ready(self, context: Sequence[int]) -> bool:
         """Whether the drafter holds the target's hidden state for the end of `context`."""
@@ -330,7 +344,7 @@ class CombinedDrafter:
         if src == "ngram":
             return Hint(n, "ngram", 0.0)
         if src == "learned":
-            return Hint(None, "learned", self.learned.draft_cost_s())
+            return self.learned.hint(context)
         return Hint(0, "none")
 
     def propose(self, context: Sequence[int], gamma: int) -> Draft:
