@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import socket
 import sys
 from typing import NoReturn
+
+from edgespec.errors import EdgeSpecError
 
 
 class Parser(argparse.ArgumentParser):
@@ -55,4 +59,27 @@ def add_generation_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--raw", action="store_true", help="same as --framing raw (plain completion)")
     ap.add_argument("--system", default=None, help="system message (chat or transcript framing)")
     ap.add_argument("--stop", action="append", default=None, help="stop before this string (repeatable)")
+    ap.add_argument("--no-prefix-reuse", action="store_true",
+                    help="prefill every prompt in full instead of reusing the KV cache of the longest prefix "
+                    "already decoded (earlier turns of a chat)")
     add_runtime_args(ap)
+
+
+def check_address(host: str, port: int) -> None:
+    """A bad --host or --port, or a port already taken, as one line before any server starts."""
+    if not 1 <= port <= 65535:
+        raise EdgeSpecError(f"--port must be between 1 and 65535, got {port}")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        try:
+            socket.getaddrinfo(host, port)
+        except (socket.gaierror, UnicodeError):
+            raise EdgeSpecError(f"--host {host!r} is not an address or a name this machine can resolve") from None
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise EdgeSpecError(f"cannot listen on {host}:{port}: {exc.strerror} (pick another --port/--host)") from None

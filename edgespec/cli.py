@@ -4,15 +4,13 @@ opens the web UI; `python app.py bench ...` runs benchmarks."""
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 import signal
-import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from edgespec.args import Parser, add_generation_args
+from edgespec.args import Parser, add_generation_args, check_address
 from edgespec.errors import EdgeSpecError, run_command
 
 COLOURS = {"draft": "\033[32m", "bonus": "\033[36m", "target": ""}
@@ -32,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--headless", action="store_true", help="generate in the terminal instead of opening the UI")
     ap.add_argument("--prompt", default=None)
     ap.add_argument("--prompt-file", default=None)
+    ap.add_argument("--chat-file", default=None, metavar="FILE",
+                    help="multi-turn chat: JSON lines ({\"role\": \"user\"|\"system\", \"content\": ...} or a JSON "
+                    "string), one reply per user line, earlier turns kept in the KV cache; - reads stdin (plain lines too)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     ap.add_argument("--no-color", action="store_true")
     ap.add_argument("--host", default="127.0.0.1", help="UI address (default 127.0.0.1)")
@@ -68,6 +69,8 @@ def headless(args: argparse.Namespace) -> int:
     from edgespec.session import Reply, Request, Session, runtime_options
     from models import DEFAULT_TARGET
 
+    if args.chat_file is not None:
+        return headless_chat(args)
     req = Request.from_args(args, read_prompt(args))
     session = Session.load(args.target or DEFAULT_TARGET, runtime_options(args))
     colour = not args.no_color and not args.json and sys.stdout.isatty()
@@ -110,6 +113,92 @@ def headless(args: argparse.Namespace) -> int:
     return 130 if interrupted else 0
 
 
+def chat_lines(args: argparse.Namespace):
+    """(line number, role, content) of --chat-file: a file is read and checked before any model
+    loads; stdin (-) is read as it comes, so the command also works as a terminal chat."""
+    if args.prompt is not None or args.prompt_file is not None:
+        raise EdgeSpecError("give --chat-file or --prompt/--prompt-file, not both")
+    if args.chat_file == "-":
+        lines = enumerate(sys.stdin, 1)
+    else:
+        p = Path(args.chat_file)
+        if not p.is_file():
+            raise EdgeSpecError(f"chat file not found: {p}")
+        try:
+            lines = list(enumerate(p.read_text(encoding="utf-8").splitlines(), 1))
+        except (UnicodeDecodeError, OSError) as exc:
+            raise EdgeSpecError(f"cannot read chat file {p}: {exc}") from None
+    where = "stdin" if args.chat_file == "-" else args.chat_file
+
+    def parse(no: int, line: str) -> tuple[int, str, str] | None:
+        line = line.strip()
+        if not line:
+            return None
+        if args.chat_file == "-" and line[0] not in "{\"":
+            return no, "user", line
+        try:
+            item = json.loads(line)
+        except ValueError as exc:
+            raise EdgeSpecError(f"{where}:{no}: not JSON ({exc.msg})") from None
+        if isinstance(item, str):
+            item = {"role": "user", "content": item}
+        if not isinstance(item, dict) or not isinstance(item.get("content"), str) or \
+                item.get("role", "user") not in ("user", "system"):
+            raise EdgeSpecError(f"{where}:{no}: want {{\"role\": \"user\" or \"system\", \"content\": TEXT}} or a string")
+        return no, item.get("role", "user"), item["content"]
+
+    parsed = (parse(no, line) for no, line in lines)
+    return (x for x in parsed if x is not None)
+
+
+def headless_chat(args: argparse.Namespace) -> int:
+    """`--headless --chat-file FILE`: one reply per user line; the session keeps the conversation's
+    KV cache, so each turn prefills only itself (the stats line says how many tokens were reused)."""
+    from edgespec.session import Conversation, Request, Session, runtime_options
+    from models import DEFAULT_TARGET
+
+    items = chat_lines(args)
+    if args.chat_file != "-":
+        items = list(items)
+        if not any(role == "user" for _, role, _ in items):
+            raise EdgeSpecError(f"{args.chat_file}: no user message")
+    settings = Request.from_args(args, "(chat)")
+    convo = Conversation(settings)
+    session = Session.load(args.target or DEFAULT_TARGET, runtime_options(args))
+    colour = not args.no_color and not args.json and sys.stdout.isatty()
+    turn = 0
+    try:
+        for no, role, content in items:
+            if role == "system":
+                if turn or convo.system:
+                    raise EdgeSpecError(f"line {no}: a system message goes first, once (or use --system)")
+                convo.system = content
+                continue
+            turn += 1
+            if not args.json and args.chat_file != "-":
+                print(f"> {content}")
+            shown = 0
+            for _, reply in convo.ask(session, content):
+                if not args.json:
+                    for piece, src in zip(reply.pieces[shown:], reply.sources[shown:], strict=True):
+                        sys.stdout.write(f"{COLOURS[src]}{piece}{RESET}" if colour and COLOURS[src] else piece)
+                    sys.stdout.flush()
+                    shown = len(reply.pieces)
+            if args.json:
+                print(json.dumps({"turn": turn, "user": content, **reply.to_dict()}, ensure_ascii=False), flush=True)
+            else:
+                st = reply.stats
+                print()
+                print(f"{stats_line(reply)} [turn {turn}: prompt {st.prompt_tokens} tokens, {st.prompt_reused} "
+                      f"reused, {st.prompt_prefilled} prefilled in {1000 * st.prefill_s:.0f} ms]", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        session.close()
+    return 0
+
+
 def exact_cap_note(reply) -> str | None:
     """Exact mode says when it limited drafts to stay exact (or could not draft at all)."""
     costs = reply.costs
@@ -140,26 +229,6 @@ def stats_line(reply) -> str:
     )
 
 
-def check_address(host: str, port: int) -> None:
-    """A bad --host or --port, or a port already taken, as one line before any server starts."""
-    if not 1 <= port <= 65535:
-        raise EdgeSpecError(f"--port must be between 1 and 65535, got {port}")
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        try:
-            socket.getaddrinfo(host, port)
-        except (socket.gaierror, UnicodeError):
-            raise EdgeSpecError(f"--host {host!r} is not an address or a name this machine can resolve") from None
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as exc:
-            raise EdgeSpecError(f"cannot listen on {host}:{port}: {exc.strerror} (pick another --port/--host)") from None
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # A shell starts background jobs with SIGINT ignored, and Python keeps that; Ctrl-C (or a
@@ -173,6 +242,18 @@ def _dispatch(argv: list[str]) -> int:
         from benchmarks.bench import main as bench_main
 
         return bench_main(argv[1:])
+    if argv and argv[0] == "serve":
+        from edgespec.server import main as serve_main
+
+        return serve_main(argv[1:])
+    if argv and argv[0] == "distill":
+        from edgespec.distill import main as distill_main
+
+        return distill_main(argv[1:])
+    if argv and argv[0] in ("models", "quant"):  # python -m models ... / python -m quant ...
+        import importlib
+
+        return importlib.import_module(f"{argv[0]}.__main__").main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.headless:
         return headless(args)

@@ -7,6 +7,10 @@ One step (Leviathan et al. 2023, Alg. 1):
     target.truncate(...)                                  # drop rejected drafts from the KV cache
 KV discipline: between steps the target's cache holds every committed token except the newest
 one, which is the first row of the next step's batch. `--draft none` is the same loop with k = 0.
+Prefix reuse: a generation starts from whatever the target's cache already holds (the previous
+generation's prompt and output, also between steps of the discipline above): it keeps the longest
+cached prefix of prompt[:-1] (`Model.reuse`) and prefills only the rest, so a chat turn decodes the
+new turn, not the whole conversation. GenerationConfig.reuse_prefix=False clears the cache first.
 """
 
 from __future__ import annotations
@@ -89,6 +93,9 @@ class GenerationConfig:
     # 'rejection': modified rejection sampling (min(1, p/q), residual resample); 'match': accept a
     # draft only if the target samples the same token (lossless, lower acceptance; for comparison).
     verifier: str = "rejection"
+    # Keep the longest prefix of the prompt already in the target's KV cache (False: clear it and
+    # prefill everything; logits then do not depend on what ran before, bit for bit).
+    reuse_prefix: bool = True
 
     def __post_init__(self) -> None:
         if self.verifier not in ("rejection", "match"):
@@ -102,6 +109,8 @@ class Stats:
     """Counters and timings of one generation; every consumer reads these, none recomputes them."""
 
     prompt_tokens: int = 0
+    prompt_reused: int = 0  # prompt tokens whose K/V were already in the cache (prefix reuse)
+    prompt_prefilled: int = 0  # prompt tokens decoded by this generation (prompt_tokens - prompt_reused)
     generated: int = 0
     target_calls: int = 0
     drafted: int = 0
@@ -234,15 +243,23 @@ class Engine:
         self.policy.start(self.costs)
         cap = self.costs.draft_cap if self.costs is not None else None
         noise = Noise(cfg.sampling.seed)
-        hidden = drafter is not None and bool(getattr(drafter, "needs_hidden", False))
+        hidden = drafter is not None and drafter.needs_hidden
         stats = Stats(prompt_tokens=len(prompt), target_bytes=target.info.size_bytes)
         stream = TextStream(target)
         context = [int(t) for t in prompt]
         t0 = time.perf_counter()
 
-        target.reset()
-        if len(context) > 1:
-            target.decode(context[:-1], n_logits=0)
+        # The cache keeps the longest prefix of prompt[:-1] it holds; the last prompt token is the
+        # first step's x_last, so it is always decoded (and counted as prefilled).
+        if cfg.reuse_prefix:
+            reused = target.reuse(context[:-1])
+        else:
+            target.reset()
+            reused = 0
+        if len(context) - 1 > reused:
+            target.decode(context[reused:-1], n_logits=0)
+        stats.prompt_reused = reused
+        stats.prompt_prefilled = len(context) - reused
         if drafter is not None:
             drafter.begin(context, cfg.sampling)
         stats.prefill_s = time.perf_counter() - t0

@@ -94,9 +94,9 @@ def lib() -> ModuleType:
         try:
             import llama_cpp
         except ImportError as exc:
-            raise EdgeSpecError(
-                f"llama-cpp-python is not installed ({exc}); run scripts/setup.sh"
-            ) from None
+            from edgespec.firstrun import missing_llama_message
+
+            raise EdgeSpecError(missing_llama_message(exc)) from None
 
         @llama_cpp.llama_log_callback
         def _log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
@@ -183,8 +183,11 @@ class ModelInfo:
 class Model:
     """A GGUF model with one context. Positions and the KV cache are tracked on sequence 0.
 
-    `n_past` is the number of tokens whose keys/values are in the cache; `decode` appends at
-    `n_past`, `truncate(n)` drops everything from position n on.
+    The model knows which tokens its cache holds: `cached` lists them in position order (every
+    `decode` appends, `truncate(n)` and `reset` drop), `n_past` is their count, `decode` appends at
+    `n_past`. `reuse(tokens)` keeps the longest cached prefix of `tokens` and drops the rest, so a
+    new generation decodes only what follows it (prefix reuse across requests and chat turns).
+    Code that decodes behind the model's back (straight llama_cpp calls) must `reset()` after.
     """
 
     def __init__(
@@ -264,7 +267,7 @@ class Model:
         np.ctypeslib.as_array(self._batch.n_seq_id, shape=(n_batch,))[:] = 1
         for i in range(n_batch):
             self._batch.seq_id[i][0] = 0
-        self.n_past = 0
+        self._cached: list[int] = []  # the tokens whose K/V are in the cache, by position
         self._pieces: dict[int, bytes] = {}
         self.n_embd = llama.llama_model_n_embd(self._model)
         self._embeddings_on = False
@@ -340,7 +343,23 @@ class Model:
         return tmpl.decode("utf-8", "replace") if tmpl else None
 
     def apply_chat_template(self, messages: Sequence[dict[str, str]], add_assistant: bool = True) -> str:
-        """Render messages with the chat template stored in the GGUF metadata."""
+        """Render messages with the chat template stored in the GGUF metadata: the Jinja template
+        itself, run in a sandbox (`render_chat_template`), as transformers and llama-server do, so
+        the prompt is exactly the model author's format (SmolLM2's template, for one, adds its
+        default system message when there is none)."""
+        tmpl = self.chat_template()
+        if tmpl is None:
+            raise EdgeSpecError(f"{Path(self.path).name} has no chat template in its metadata; drop --chat")
+        bos, eos = self.info.bos, self.info.eos
+        return render_chat_template(
+            tmpl, messages, add_generation_prompt=add_assistant, name=Path(self.path).name,
+            bos_token=self.token_text(bos) if bos >= 0 else "", eos_token=self.token_text(eos) if eos >= 0 else "",
+        )
+
+    def apply_builtin_chat_template(self, messages: Sequence[dict[str, str]], add_assistant: bool = True) -> str:
+        """llama.cpp's own renderer (`llama_chat_apply_template`): it never runs the template but
+        recognises a fixed list of formats by their markers and writes them in C++. Kept to
+        cross-check the Jinja renderer on known formats (tests/test_server.py)."""
         llama = lib()
         tmpl = llama.llama_model_chat_template(self._model, None)
         if not tmpl:
@@ -359,6 +378,47 @@ class Model:
         if n < 0:
             raise EdgeSpecError(f"llama.cpp does not recognise the chat template of {Path(self.path).name}")
         return buf.raw[:n].decode("utf-8", "replace")
+
+    # ----------------------------------------------------------------------------- cache
+    @property
+    def n_past(self) -> int:
+        """Number of tokens whose keys/values are in the cache (the next decode's position)."""
+        return len(self._cached)
+
+    @n_past.setter
+    def n_past(self, n: int) -> None:
+        # Only for callers that reset after decoding behind the model's back; it cannot add tokens.
+        if n > len(self._cached):
+            raise ValueError(f"n_past {n} is more than the {len(self._cached)} cached tokens")
+        self.truncate(n)
+
+    @property
+    def cached(self) -> tuple[int, ...]:
+        """The tokens in the KV cache, in position order (a copy)."""
+        return tuple(self._cached)
+
+    def common_prefix(self, tokens: Sequence[int], start: int = 0) -> int:
+        """Length of the longest common prefix of the cached tokens and `tokens`; the first `start`
+        positions are taken as matching (a caller that knows them saves the comparison)."""
+        cached = self._cached
+        n = min(len(cached), len(tokens))
+        i = min(start, n)
+        if n - i > 64:
+            a = np.asarray(cached[i:n], dtype=np.int64)
+            b = np.asarray(tokens[i:n], dtype=np.int64)
+            diff = np.flatnonzero(a != b)
+            return i + int(diff[0]) if diff.size else n
+        while i < n and cached[i] == tokens[i]:
+            i += 1
+        return i
+
+    def reuse(self, tokens: Sequence[int], start: int = 0) -> int:
+        """Keep the longest cached prefix of `tokens`, drop every cached token after it, and return
+        its length: the caller decodes `tokens[returned:]`. Logits of that decode equal a fresh
+        context's fed the same tokens in the same batches (tests/test_prefix.py)."""
+        n = self.common_prefix(tokens, start)
+        self.truncate(n)
+        return n
 
     # ----------------------------------------------------------------------------- decoding
     def decode(self, tokens: Sequence[int], n_logits: int = 1, hidden: bool = False) -> np.ndarray:
@@ -397,10 +457,13 @@ class Model:
             self._batch.n_tokens = m
             with _CCall():
                 rc = llama.llama_decode(self._ctx, self._batch)
+            if rc == 0:
+                self._cached.extend(chunk.tolist())
+            else:  # a failed (or aborted) decode may leave part of the batch behind: drop it
+                llama.llama_memory_seq_rm(self._mem, 0, self.n_past, -1)
             _check_interrupt()
             if rc != 0:
                 raise EdgeSpecError(f"llama_decode failed with code {rc}: {_last_llama_error()}")
-            self.n_past += m
         if n_logits == 0:
             return np.empty((0, self.n_vocab), dtype=np.float32)
         ptr = llama.llama_get_logits(self._ctx)
@@ -425,11 +488,11 @@ class Model:
         if n < self.n_past:
             if not lib().llama_memory_seq_rm(self._mem, 0, n, -1):
                 raise EdgeSpecError("llama.cpp could not roll back the KV cache (recurrent model?)")
-            self.n_past = n
+            del self._cached[n:]
 
     def reset(self) -> None:
         lib().llama_memory_clear(self._mem, True)
-        self.n_past = 0
+        self._cached.clear()
 
     def close(self) -> None:
         llama = _lib
@@ -450,6 +513,88 @@ class Model:
             self.close()
         except Exception:
             pass
+
+
+# ----------------------------------------------------------------------------- chat templates
+# Chat templates come from the GGUF file, i.e. from whoever published the model, so they are run
+# in Jinja's immutable sandbox: no attribute of Python internals (__class__, __globals__, ...), no
+# mutation of the messages, no unsafe callables; and, beyond the sandbox's defaults, no string or
+# list multiplication or power that builds huge values. A refused or failing template is one line.
+MAX_TEMPLATE_VALUE = 1 << 20  # largest sequence a template may build with * (characters/items)
+
+
+def _template_env():
+    import json
+    from datetime import datetime
+
+    from jinja2.exceptions import SecurityError, TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Env(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset(["*", "**"])
+
+        def call_binop(self, context, operator, left, right):  # noqa: ANN001, ANN201
+            if operator == "**" and isinstance(right, int | float) and abs(right) > 64:
+                raise SecurityError("the template raised a number to a huge power")
+            if operator == "*":
+                for seq, times in ((left, right), (right, left)):
+                    if isinstance(seq, str | list | tuple) and isinstance(times, int) and \
+                            len(seq) * times > MAX_TEMPLATE_VALUE:
+                        raise SecurityError("the template built a huge string or list")
+            return super().call_binop(context, operator, left, right)
+
+    def raise_exception(message: str) -> None:
+        raise TemplateError(message)
+
+    env = Env(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(x, indent=indent,
+                                                                                 ensure_ascii=ensure_ascii)
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env
+
+
+_env_cache: list = []
+_template_cache: dict[str, object] = {}
+_template_lock = threading.Lock()
+
+
+def render_chat_template(template: str, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True,
+                         bos_token: str = "", eos_token: str = "", name: str = "this model") -> str:
+    """Render a chat template (Jinja, as stored in GGUF metadata) in the sandbox; any refusal or
+    failure is an EdgeSpecError naming the model."""
+    try:
+        from jinja2.exceptions import SecurityError, TemplateError, TemplateSyntaxError
+    except ImportError:  # pragma: no cover - jinja2 comes with gradio
+        raise EdgeSpecError("rendering chat templates needs jinja2 (pip install jinja2)") from None
+    with _template_lock:
+        if not _env_cache:
+            _env_cache.append(_template_env())
+        compiled = _template_cache.get(template)
+        if compiled is None:
+            try:
+                compiled = _env_cache[0].from_string(template)
+            except TemplateSyntaxError as exc:
+                raise EdgeSpecError(f"the chat template of {name} is not valid Jinja: {exc.message}") from None
+            if len(_template_cache) > 16:
+                _template_cache.clear()
+            _template_cache[template] = compiled
+    try:
+        return compiled.render(messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
+                               bos_token=bos_token, eos_token=eos_token)
+    except SecurityError as exc:
+        raise EdgeSpecError(f"the chat template of {name} was refused by the sandbox: {_first_line(exc)}") from None
+    except TemplateError as exc:
+        raise EdgeSpecError(f"the chat template of {name} failed: {_first_line(exc)}") from None
+    except RecursionError:
+        raise EdgeSpecError(f"the chat template of {name} recursed too deeply") from None
+    except Exception as exc:  # a template can raise anything its expressions raise
+        raise EdgeSpecError(f"the chat template of {name} failed: {type(exc).__name__}: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return lines[0] if lines else type(exc).__name__
 
 
 class TextStream:

@@ -9,6 +9,12 @@ Every consumer does the same three things, here and nowhere else:
   3. fold the `StepEvent`s into a `Reply`: text, tokens and their sources, finish reason, the
      engine's counters, the two acceptance figures, predicted and measured speedup. `--json`
      prints `Reply.to_dict()`; the UI and the bench read the same fields.
+
+A Session keeps its target's KV cache between requests: each generation decodes only what follows
+the longest prefix of its prompt that the cache already holds (engine.py, "Prefix reuse"), so a
+chat turn costs the new turn, not the whole conversation. `Conversation` keeps a multi-turn chat
+for the terminal; the UI and the server send the whole conversation each turn and get the same
+reuse. `Request.reuse_prefix=False` clears the cache first (bit-for-bit independent of earlier runs).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from __future__ import annotations
 import argparse
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -83,6 +89,8 @@ class Request:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     verifier: str = "rejection"
     stop: tuple[str, ...] = ()  # generation ends before any of these strings
+    reuse_prefix: bool = True  # keep the cached prefix of the prompt (False: prefill all of it)
+    stop_at_eog: bool = True  # False: an end-of-generation token is just another token
 
     def __post_init__(self) -> None:
         if (self.text is None) == (self.messages is None):
@@ -108,7 +116,8 @@ class Request:
         return parse_gamma(self.gamma)
 
     def config(self) -> GenerationConfig:
-        return GenerationConfig(max_tokens=self.max_tokens, sampling=self.sampling, verifier=self.verifier)
+        return GenerationConfig(max_tokens=self.max_tokens, sampling=self.sampling, verifier=self.verifier,
+                                reuse_prefix=self.reuse_prefix, stop_at_eog=self.stop_at_eog)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, text: str) -> Request:
@@ -131,6 +140,7 @@ class Request:
             sampling=SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed),
             verifier=args.verifier,
             stop=tuple(args.stop or ()),
+            reuse_prefix=not args.no_prefix_reuse,
         )
 
 
@@ -165,7 +175,10 @@ def frame(model: Model, req: Request) -> Framed:
             )
         msgs = ([{"role": "system", "content": req.system}] if req.system else []) + list(messages)
         rendered = model.apply_chat_template(msgs)
-        return Framed(model.tokenize(rendered, add_special=True, parse_special=True), framing, ())
+        # A template that writes the BOS text itself must not get a second BOS from the tokenizer.
+        info = model.info
+        own_bos = info.add_bos and info.bos >= 0 and rendered.startswith(model.token_text(info.bos))
+        return Framed(model.tokenize(rendered, add_special=not own_bos, parse_special=True), framing, ())
     if framing == "transcript":
         lines = [req.system.strip(), ""] if req.system else []
         for m in messages:
@@ -304,6 +317,41 @@ class Reply:
             "draft_cap": None if self.costs is None else self.costs.draft_cap,
             "adaptive": self.policy,
         }
+
+
+class Conversation:
+    """A multi-turn chat run turn by turn on one Session (the terminal's `--chat-file`): every turn
+    is a Request for the whole conversation so far, built from `settings` (its text is ignored), and
+    the Session's cache holds the previous turns, so only the new turn is prefilled."""
+
+    def __init__(self, settings: Request, system: str | None = None) -> None:
+        self.settings = settings
+        self.system = system if system is not None else settings.system
+        self.messages: list[dict[str, str]] = []
+
+    def request(self, user: str) -> Request:
+        """The Request for the next turn, the user saying `user`."""
+        return replace(self.settings, text=None, system=self.system,
+                       messages=[*self.messages, {"role": "user", "content": user}])
+
+    def record(self, user: str, reply: Reply) -> None:
+        """Keep a finished turn (the reply's text, as shown) in the conversation."""
+        self.messages += [{"role": "user", "content": user}, {"role": "assistant", "content": reply.text}]
+
+    def ask(self, session: Session, user: str, stop: threading.Event | None = None
+            ) -> Iterator[tuple[StepEvent, Reply]]:
+        """Run one turn on `session`, yielding like Session.generate; the turn is recorded when it ends."""
+        reply = Reply()
+        for ev, reply in session.generate(self.request(user), stop):
+            yield ev, reply
+        self.record(user, reply)
+
+    def run(self, session: Session, user: str, stop: threading.Event | None = None) -> Reply:
+        """One turn to the end; its Reply."""
+        reply = Reply()
+        for _, reply in self.ask(session, user, stop):  # noqa: B007 - the last fold is the reply
+            pass
+        return reply
 
 
 class Session:

@@ -1,8 +1,11 @@
 """A small GGUF model drafts for a larger one with the same vocabulary.
 
-The draft model keeps its own KV cache. Between steps it holds a prefix of the committed context
-plus whatever it drafted last time; `propose` finds how much of that is still committed, drops the
-rest (rejected drafts) and continues from there, so accepted tokens are never decoded twice.
+The draft model keeps its own KV cache (the draft `Model` knows which tokens it holds). Between
+steps it holds a prefix of the committed context plus whatever it drafted last time; `propose`
+finds how much of that is still committed, drops the rest (rejected drafts) and continues from
+there, so accepted tokens are never decoded twice. Between generations the cache is kept too:
+`begin` reuses the longest cached prefix of the new prompt (the previous chat turn, a shared
+system prompt) and prefills only the rest, like the target's prefix reuse.
 
 At temperature > 0 the drafts are sampled from q = process(draft logits) with the same sampling
 settings as the target, and q is returned so the verifier can run the lossless rejection sampler.
@@ -26,6 +29,7 @@ from edgespec.sampling import DRAFT, Noise, SamplingParams, process, sample
 
 class ModelDrafter:
     name = "model"
+    needs_hidden = False
 
     def __init__(self, draft: Model, target: Model, p_min: float = 0.0) -> None:
         """p_min > 0 stops a draft early once the draft model's top probability falls below it
@@ -38,8 +42,8 @@ class ModelDrafter:
         self.p_min = p_min
         self.target_vocab = target.n_vocab
         self.name = f"model:{draft.info.description}"
-        self._cached: list[int] = []  # tokens whose K/V are in the draft's cache
-        self._committed = 0  # length of _cached known to be committed context
+        self._committed = 0  # cached tokens known to be committed context
+        self.reused = 0  # prompt tokens the last `begin` found in the draft's cache
         self._sampling = SamplingParams()
         self._noise = Noise(None)
 
@@ -49,21 +53,21 @@ class ModelDrafter:
         self._sampling = sampling
         self._noise = Noise(sampling.seed)
         # The draft reads the prompt now, as part of prompt processing (like the target's prefill),
-        # not inside the first drafting step.
-        self.draft.reset()
+        # not inside the first drafting step; what its cache already holds is kept.
         head = [int(t) for t in prompt[:-1]]
-        if head:
-            self.draft.decode(head, n_logits=0)
-        self._cached, self._committed = head, len(head)
+        self.reused = self.draft.reuse(head)
+        if len(head) > self.reused:
+            self.draft.decode(head[self.reused :], n_logits=0)
+        self._committed = len(head)
+
+    @property
+    def _cached(self) -> list[int]:
+        """The tokens in the draft's KV cache (a copy; tests)."""
+        return list(self.draft.cached)
 
     def _sync(self, context: Sequence[int]) -> None:
         """Keep the longest cached prefix that matches `context`, leaving its last token uncached."""
-        n = self._committed
-        limit = min(len(self._cached), len(context) - 1)
-        while n < limit and self._cached[n] == context[n]:
-            n += 1
-        self.draft.truncate(n)
-        del self._cached[n:]
+        self.draft.reuse(context[: len(context) - 1], start=self._committed)
 
     def hint(self, context: Sequence[int]) -> int | None:
         return None  # nothing cheap to tell before drafting
@@ -82,8 +86,7 @@ class ModelDrafter:
         gamma = min(gamma, self.draft.n_ctx - len(context) + 1)
         if gamma <= 0:
             return Draft()
-        feed = [int(t) for t in context[len(self._cached) :]]
-        self._cached.extend(feed)
+        feed = [int(t) for t in context[self.draft.n_past :]]
         self._committed = len(context)
         greedy = self._sampling.greedy
         tokens: list[int] = []
@@ -105,7 +108,6 @@ class ModelDrafter:
             tokens.append(tok)
             if i + 1 < gamma:
                 feed = [tok]
-                self._cached.append(tok)
         return Draft(np.asarray(tokens, dtype=np.int32), None if greedy else np.stack(probs))
 
     def close(self) -> None:

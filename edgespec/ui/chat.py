@@ -2,7 +2,8 @@
 
 A turn is one `Request` (the conversation so far, framing auto: the model's chat template, or
 User:/Assistant: lines for a base model without one) run on a leased `Session`; the drafter
-choices come from the drafter registry."""
+choices come from the drafter registry. The lease asks for the session this browser session used
+last, whose KV cache still holds the conversation, so a turn prefills only itself (prefix reuse)."""
 
 import html
 import json
@@ -136,7 +137,8 @@ def build_chat_tab(ctx: AppContext, target: gr.Dropdown, draft_model: gr.Dropdow
             return
         target = (target_ or d.target).strip()
         stop_ev = ctx.new_stop(request.session_hash or "", "chat")
-        for tr in stream(ctx.pool, target, req, stop_ev):
+        # the browser session's own model session when idle: its KV cache holds this conversation
+        for tr in stream(ctx.pool.affine(request.session_hash), target, req, stop_ev):
             turn["segments"] = list(tr.segments)
             turn["reply"] = tr.text
             turn["stats"] = render.stats_line(tr)

@@ -5,6 +5,10 @@ not thread-safe, so a generation leases a session for its whole run. The pool ke
 `per_key` sessions of each target file: two browser sessions chatting with the same model get
 separate contexts and really run at the same time, a third waits for a free one.
 
+A session keeps its KV cache between generations (prefix reuse), so a chat turn prefills only the
+new turn if it runs on the session that ran the previous one: a lease names its owner (the browser
+session) and gets back the idle session that owner used last when there is one.
+
 The pool measures nothing: costs come from the session's cost model (`edgespec.costs`).
 """
 
@@ -28,6 +32,7 @@ Progress = Callable[[float], None]
 class _Entry:
     session: Session
     busy: bool = False
+    owner: str | None = None  # who leased it last (its cache holds their conversation)
     used_at: float = field(default_factory=time.perf_counter)  # last lease, for evicting the stalest
 
 
@@ -55,10 +60,11 @@ class ModelPool:
         return str(Path(path).resolve())
 
     @contextmanager
-    def lease(self, name: str, progress: Progress | None = None) -> Iterator[Session]:
-        """Exclusive use of a loaded session of `name` for the duration of the block."""
+    def lease(self, name: str, progress: Progress | None = None, owner: str | None = None) -> Iterator[Session]:
+        """Exclusive use of a loaded session of `name` for the duration of the block; `owner`'s
+        own last session when it is idle (its cache holds their conversation)."""
         key = self.key(name)
-        entry = self._acquire(key, progress)
+        entry = self._acquire(key, progress, owner)
         try:
             yield entry.session
         finally:
@@ -66,18 +72,26 @@ class ModelPool:
                 entry.busy = False
                 self._cond.notify_all()
 
-    def _acquire(self, key: str, progress: Progress | None) -> _Entry:
+    def affine(self, owner: str | None) -> _OwnerLeases:
+        """This pool with every lease made for `owner` (for code that calls `lease(name)`)."""
+        return _OwnerLeases(self, owner)
+
+    def _acquire(self, key: str, progress: Progress | None, owner: str | None = None) -> _Entry:
         evicted: _Entry | None = None
         with self._cond:
             while True:
                 entries = self._entries.setdefault(key, [])
-                for e in entries:
-                    if not e.busy:
-                        e.busy = True
-                        e.used_at = time.perf_counter()
-                        if progress is not None:
-                            progress(1.0)
-                        return e
+                idle = [e for e in entries if not e.busy]
+                # the owner's own session first, then one nobody owns, then the stalest
+                idle.sort(key=lambda e: (e.owner != owner or owner is None, e.owner is not None, e.used_at))
+                if idle:
+                    e = idle[0]
+                    e.busy = True
+                    e.owner = owner
+                    e.used_at = time.perf_counter()
+                    if progress is not None:
+                        progress(1.0)
+                    return e
                 if len(entries) + self._loading.get(key, 0) < self.per_key:
                     total = sum(map(len, self._entries.values())) + sum(self._loading.values())
                     idle = [(e.used_at, k, e) for k, v in self._entries.items() for e in v if not e.busy]
@@ -97,7 +111,7 @@ class ModelPool:
                 self._loading[key] -= 1
                 self._cond.notify_all()
             raise
-        entry = _Entry(session, busy=True)
+        entry = _Entry(session, busy=True, owner=owner)
         with self._cond:
             self._loading[key] -= 1
             self._entries[key].append(entry)
@@ -121,3 +135,17 @@ class ModelPool:
                 v[:] = [e for e in v if e.busy]
         for e in idle:
             e.session.close()
+
+
+class _OwnerLeases:
+    """`ModelPool.affine(owner)`: leases made for one owner; anything else goes to the pool."""
+
+    def __init__(self, pool: ModelPool, owner: str | None) -> None:
+        self._pool = pool
+        self._owner = owner
+
+    def lease(self, name: str, progress: Progress | None = None):  # noqa: ANN201 - a context manager
+        return self._pool.lease(name, progress, owner=self._owner)
+
+    def __getattr__(self, attr: str):  # noqa: ANN204
+        return getattr(self._pool, attr)

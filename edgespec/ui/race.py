@@ -174,7 +174,8 @@ def race(ctx: AppContext, prompt: str, max_tokens: int, chat: bool, cols: list[C
         try:
             req = Request(messages=[{"role": "user", "content": prompt}] if chat else None,
                           text=None if chat else prompt, framing="auto" if chat else "raw",
-                          draft=col.drafter, gamma=col.gamma, ngram=ctx.defaults.ngram, max_tokens=max_tokens)
+                          draft=col.drafter, gamma=col.gamma, ngram=ctx.defaults.ngram, max_tokens=max_tokens,
+                          reuse_prefix=False)  # every column pays its own prefill: a fair time to first token
         except EdgeSpecError as exc:
             tr.error = one_line(exc)
             runs.append(tr)
