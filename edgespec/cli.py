@@ -1,5 +1,5 @@
 """Command line: `python app.py --headless ...` generates in the terminal; plain `python app.py`
-opens the web UI; `python app.py bench ...` runs benchmarks."""
+opens the web UI; `python app.py bench | serve | distill | models | quant ...` run the sub-commands."""
 
 from __future__ import annotations
 

@@ -587,26 +587,30 @@ def add_args(ap: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="app.py distill", description="learn a small ONNX drafter from a target model")
+    from edgespec.args import Parser
+
+    ap = Parser(prog="python app.py distill", description="learn a small ONNX drafter from a target model")
     add_args(ap)
     args = ap.parse_args(argv)
     return run_args(args)
 
 
 def run_args(args: argparse.Namespace) -> int:
-    try:
+    from edgespec.errors import run_command
+
+    def go() -> int:
         cfg = DistillConfig(target=args.target, out=args.out, suites=args.suite or [DEFAULT_SUITE],
                             budget_minutes=args.budget_minutes, holdout=args.holdout, vocab=args.vocab,
                             hidden=args.hidden, max_new_tokens=args.max_new_tokens, seed=args.seed,
                             n_ctx=args.ctx, threads=args.threads)
-        run(cfg)
-    except EdgeSpecError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("\ninterrupted: no drafter was written", file=sys.stderr)
-        return 130
-    return 0
+        try:
+            run(cfg)
+        except KeyboardInterrupt:
+            print("\nno drafter was written", file=sys.stderr)
+            raise
+        return 0
+
+    return run_command(go)
 
 
 if __name__ == "__main__":
