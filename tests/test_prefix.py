@@ -153,7 +153,7 @@ def test_ui_pool_gives_an_owner_its_own_session_back():
         for _ in range(2):
             with pool.lease("smollm2-135m", owner="bob") as again:
                 assert again is b
-            with pool.affine("alice").lease("smollm2-135m") as again:
+            with pool.lease("smollm2-135m", owner="alice") as again:
                 assert again is a
     finally:
         pool.close()

@@ -138,7 +138,7 @@ def build_chat_tab(ctx: AppContext, target: gr.Dropdown, draft_model: gr.Dropdow
         target = (target_ or d.target).strip()
         stop_ev = ctx.new_stop(request.session_hash or "", "chat")
         # the browser session's own model session when idle: its KV cache holds this conversation
-        for tr in stream(ctx.pool.affine(request.session_hash), target, req, stop_ev):
+        for tr in stream(ctx.pool, target, req, stop_ev, owner=request.session_hash):
             turn["segments"] = list(tr.segments)
             turn["reply"] = tr.text
             turn["stats"] = render.stats_line(tr)

@@ -100,9 +100,10 @@ def one_line(exc: BaseException) -> str:
     return " ".join(lines) if lines else type(exc).__name__
 
 
-def _worker(pool: ModelPool, target: str, req: Request, stop: threading.Event, out: queue.Queue) -> None:
+def _worker(pool: ModelPool, target: str, req: Request, stop: threading.Event, out: queue.Queue,
+            owner: str | None) -> None:
     try:
-        with pool.lease(target) as session:
+        with pool.lease(target, owner=owner) as session:
             prepared = session.prepare(req)  # draft model and cost profile: before the clock starts
             t0 = time.perf_counter()
             for ev, reply in session.generate(req, stop, prepared):
@@ -114,12 +115,13 @@ def _worker(pool: ModelPool, target: str, req: Request, stop: threading.Event, o
 
 
 def stream(pool: ModelPool, target: str, req: Request, stop: threading.Event,
-           every_s: float = 0.1) -> Iterator[Tracker]:
+           every_s: float = 0.1, owner: str | None = None) -> Iterator[Tracker]:
     """Run `req` on a session of `target` and yield the growing Tracker at most every `every_s`
     seconds, and once more at the end. If the consumer goes away (browser closed, job cancelled)
-    the generation is stopped."""
+    the generation is stopped. `owner` (a browser session) gets back the session whose KV cache
+    holds its conversation, when it is still loaded."""
     out: queue.Queue = queue.Queue()
-    th = threading.Thread(target=_worker, args=(pool, target, req, stop, out), daemon=True)
+    th = threading.Thread(target=_worker, args=(pool, target, req, stop, out, owner), daemon=True)
     th.start()
     tracker = Tracker()
     finished = False

@@ -72,10 +72,6 @@ class ModelPool:
                 entry.busy = False
                 self._cond.notify_all()
 
-    def affine(self, owner: str | None) -> _OwnerLeases:
-        """This pool with every lease made for `owner` (for code that calls `lease(name)`)."""
-        return _OwnerLeases(self, owner)
-
     def _acquire(self, key: str, progress: Progress | None, owner: str | None = None) -> _Entry:
         evicted: _Entry | None = None
         with self._cond:
@@ -135,17 +131,3 @@ class ModelPool:
                 v[:] = [e for e in v if e.busy]
         for e in idle:
             e.session.close()
-
-
-class _OwnerLeases:
-    """`ModelPool.affine(owner)`: leases made for one owner; anything else goes to the pool."""
-
-    def __init__(self, pool: ModelPool, owner: str | None) -> None:
-        self._pool = pool
-        self._owner = owner
-
-    def lease(self, name: str, progress: Progress | None = None):  # noqa: ANN201 - a context manager
-        return self._pool.lease(name, progress, owner=self._owner)
-
-    def __getattr__(self, attr: str):  # noqa: ANN204
-        return getattr(self._pool, attr)
