@@ -66,7 +66,9 @@ class DistillConfig:
 
 
 @dataclass
-class Sequence_:
+class Record:
+    """One text the target read during collection, position by position."""
+
     tokens: np.ndarray  # [L] int32
     hidden: np.ndarray  # [L, n_embd] float16: final hidden state at each position
     argmax: np.ndarray  # [L] int32: the target's greedy next token at each position
@@ -102,7 +104,7 @@ def read_with_hidden(model, tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarr
     return np.concatenate(hid), np.concatenate(arg)
 
 
-def collect(model, session, train, cfg: DistillConfig, deadline: float, tick: Callable[[str, int], None]) -> list[Sequence_]:
+def collect(model, session, train, cfg: DistillConfig, deadline: float, tick: Callable[[str, int], None]) -> list[Record]:
     """Corpus reading and self-generation, alternating, until `deadline`."""
     from edgespec.sampling import SamplingParams
     from edgespec.session import Request
@@ -110,7 +112,7 @@ def collect(model, session, train, cfg: DistillConfig, deadline: float, tick: Ca
     rng = np.random.default_rng(cfg.seed)
     order = list(rng.permutation(len(train)))
     framing = "chat" if model.chat_template() is not None else "qa"
-    seqs: list[Sequence_] = []
+    seqs: list[Record] = []
     n_tok = 0
     docs = [i for i in order if len(train[i].text) > 1200]  # long documents: read as corpus
     asks = [i for i in order if len(train[i].text) <= 1200]  # questions: the target answers
@@ -137,7 +139,7 @@ def collect(model, session, train, cfg: DistillConfig, deadline: float, tick: Ca
         if len(toks) < 4 or len(toks) >= model.n_ctx:
             continue
         hid, arg = read_with_hidden(model, toks)
-        seqs.append(Sequence_(np.asarray(toks, dtype=np.int32), hid, arg, kind, pr.id))
+        seqs.append(Record(np.asarray(toks, dtype=np.int32), hid, arg, kind, pr.id))
         n_tok += len(toks)
         tick(kind, n_tok)
     if not seqs:
@@ -145,7 +147,7 @@ def collect(model, session, train, cfg: DistillConfig, deadline: float, tick: Ca
     return seqs
 
 
-def choose_subset(seqs: Sequence[Sequence_], n_vocab: int, size: int, always: Sequence[int],
+def choose_subset(seqs: Sequence[Record], n_vocab: int, size: int, always: Sequence[int],
                   scores: np.ndarray | None = None) -> np.ndarray:
     """FR-Spec vocabulary: the most frequent target tokens (argmax and text), then tokens the data
     did not show, by the tokenizer's score (SentencePiece log-probability) when it has one, else by
@@ -219,7 +221,7 @@ class Dataset:
     argmax_next: np.ndarray  # [N] the target's greedy token at i+1 (what a draft must hit)
 
 
-def build_dataset(seqs: Sequence[Sequence_]) -> Dataset:
+def build_dataset(seqs: Sequence[Record]) -> Dataset:
     hs, toks, hn, prev, am = [], [], [], [], []
     base = 0
     for s in seqs:
@@ -320,7 +322,7 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def chain_acceptance(trainer: Trainer, seqs: Sequence[Sequence_], emb_of, subset: np.ndarray, depth: int = 4,
+def chain_acceptance(trainer: Trainer, seqs: Sequence[Record], subset: np.ndarray, depth: int = 4,
                      max_starts: int = 400) -> list[float]:
     """On held-out generated text (the target's own greedy output), the share of draft positions
     1..depth accepted by greedy verification, drafting from the target's hidden state."""
@@ -335,7 +337,7 @@ def chain_acceptance(trainer: Trainer, seqs: Sequence[Sequence_], emb_of, subset
             f = s.hidden[i : i + 1].astype(np.float32)
             tok = s.tokens[i + 1]
             for k in range(depth):
-                f = trainer.predict(f, emb_of(np.array([tok])))
+                f = trainer.predict(f, trainer.emb_of(np.array([tok])))
                 d = subset[int(np.argmax(f @ trainer.head.T))]
                 want = s.argmax[i + 1 + k]
                 tried[k] += 1
@@ -487,19 +489,9 @@ def run(cfg: DistillConfig, log: Callable[[str], None] = print) -> Path:
         eog = [t for t in range(model.n_vocab) if model.is_eog(t)][:8]
         subset = choose_subset(fit, model.n_vocab, cfg.vocab, eog, tensors.token_scores())
         head = tensors.output_rows(subset)
-        emb_cache: dict[int, np.ndarray] = {}
-
-        def emb_of(ids: np.ndarray) -> np.ndarray:
-            ids = np.asarray(ids)
-            missing = [int(t) for t in np.unique(ids) if int(t) not in emb_cache]
-            if missing:
-                for t, row in zip(missing, tensors.embeddings(missing), strict=True):
-                    emb_cache[t] = row
-            return np.stack([emb_cache[int(t)] for t in ids])
-
         data = build_dataset(fit)
         heldout = build_dataset(held) if held else None
-        trainer = Trainer(data, emb_of, head, cfg.hidden, cfg.seed)
+        trainer = Trainer(data, tensors.cached_embeddings, head, cfg.hidden, cfg.seed)
         bar.set_description("train")
         export_reserve = min(30.0, 0.1 * budget_s)
         train_end = end - export_reserve
@@ -518,14 +510,14 @@ def run(cfg: DistillConfig, log: Callable[[str], None] = print) -> Path:
         bar.set_description("export")
         tick("evaluating")
         top1 = trainer.accuracy(heldout, subset) if heldout is not None else None
-        chain = chain_acceptance(trainer, held, emb_of, subset)
+        chain = chain_acceptance(trainer, held, subset)
         coverage = float(np.isin(heldout.argmax_next, subset).mean()) if heldout is not None else None
         manifest = {
             "format": learned.FORMAT,
             "version": learned.VERSION,
             "onnx": learned.ONNX_FILE,
             "target_file": Path(model.path).name,
-            "target": tensors.fingerprint(),
+            "target": learned.target_fingerprint(model.path),  # what LearnedDrafter checks
             "n_embd": model.n_embd,
             "n_vocab": model.n_vocab,
             "vocab_subset": [int(t) for t in subset],

@@ -18,7 +18,7 @@ import signal
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 from types import ModuleType
 from typing import Literal
@@ -26,7 +26,7 @@ from typing import Literal
 import numpy as np
 
 from edgespec import backend
-from edgespec.errors import EdgeSpecError
+from edgespec.errors import EdgeSpecError, first_line
 
 FlashAttn = Literal["auto", "on", "off"]
 _FLASH = {"auto": -1, "off": 0, "on": 1}
@@ -385,13 +385,6 @@ class Model:
         """Number of tokens whose keys/values are in the cache (the next decode's position)."""
         return len(self._cached)
 
-    @n_past.setter
-    def n_past(self, n: int) -> None:
-        # Only for callers that reset after decoding behind the model's back; it cannot add tokens.
-        if n > len(self._cached):
-            raise ValueError(f"n_past {n} is more than the {len(self._cached)} cached tokens")
-        self.truncate(n)
-
     @property
     def cached(self) -> tuple[int, ...]:
         """The tokens in the KV cache, in position order (a copy)."""
@@ -523,6 +516,7 @@ class Model:
 MAX_TEMPLATE_VALUE = 1 << 20  # largest sequence a template may build with * (characters/items)
 
 
+@lru_cache(maxsize=1)
 def _template_env():
     import json
     from datetime import datetime
@@ -554,9 +548,9 @@ def _template_env():
     return env
 
 
-_env_cache: list = []
-_template_cache: dict[str, object] = {}
-_template_lock = threading.Lock()
+@lru_cache(maxsize=16)
+def _compile_template(template: str):
+    return _template_env().from_string(template)
 
 
 def render_chat_template(template: str, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True,
@@ -567,34 +561,21 @@ def render_chat_template(template: str, messages: Sequence[dict[str, str]], *, a
         from jinja2.exceptions import SecurityError, TemplateError, TemplateSyntaxError
     except ImportError:  # pragma: no cover - jinja2 comes with gradio
         raise EdgeSpecError("rendering chat templates needs jinja2 (pip install jinja2)") from None
-    with _template_lock:
-        if not _env_cache:
-            _env_cache.append(_template_env())
-        compiled = _template_cache.get(template)
-        if compiled is None:
-            try:
-                compiled = _env_cache[0].from_string(template)
-            except TemplateSyntaxError as exc:
-                raise EdgeSpecError(f"the chat template of {name} is not valid Jinja: {exc.message}") from None
-            if len(_template_cache) > 16:
-                _template_cache.clear()
-            _template_cache[template] = compiled
+    try:
+        compiled = _compile_template(template)
+    except TemplateSyntaxError as exc:
+        raise EdgeSpecError(f"the chat template of {name} is not valid Jinja: {exc.message}") from None
     try:
         return compiled.render(messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
                                bos_token=bos_token, eos_token=eos_token)
     except SecurityError as exc:
-        raise EdgeSpecError(f"the chat template of {name} was refused by the sandbox: {_first_line(exc)}") from None
+        raise EdgeSpecError(f"the chat template of {name} was refused by the sandbox: {first_line(exc)}") from None
     except TemplateError as exc:
-        raise EdgeSpecError(f"the chat template of {name} failed: {_first_line(exc)}") from None
+        raise EdgeSpecError(f"the chat template of {name} failed: {first_line(exc)}") from None
     except RecursionError:
         raise EdgeSpecError(f"the chat template of {name} recursed too deeply") from None
     except Exception as exc:  # a template can raise anything its expressions raise
-        raise EdgeSpecError(f"the chat template of {name} failed: {type(exc).__name__}: {_first_line(exc)}") from None
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return lines[0] if lines else type(exc).__name__
+        raise EdgeSpecError(f"the chat template of {name} failed: {type(exc).__name__}: {first_line(exc)}") from None
 
 
 class TextStream:

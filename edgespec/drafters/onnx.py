@@ -35,7 +35,7 @@ import numpy as np
 
 from edgespec.drafters import Draft, DraftContext, Hint, register
 from edgespec.drafters.ngram import NgramDrafter
-from edgespec.errors import EdgeSpecError
+from edgespec.errors import EdgeSpecError, first_line
 from edgespec.sampling import DRAFT, Noise, SamplingParams, process, sample
 
 FORMAT = "edgespec-learned-drafter"
@@ -100,10 +100,19 @@ class TargetTensors:
         return self._rows(self._embd, ids)
 
     def embedding(self, token: int) -> np.ndarray:
+        """One token's input embedding, dequantized once and kept (the drafter's per-step lookup)."""
         row = self._cache.get(token)
         if row is None:
             row = self._cache[token] = self.embeddings([token])[0]
         return row
+
+    def cached_embeddings(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Input embeddings [len(ids), n_embd] through the same cache, missing rows dequantized in one
+        call (the distiller's batches)."""
+        missing = [int(t) for t in np.unique(np.asarray(ids)) if int(t) not in self._cache]
+        if missing:
+            self._cache.update(zip(missing, self.embeddings(missing), strict=True))
+        return np.stack([self._cache[int(t)] for t in ids])
 
     def output_rows(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
         return self._rows(self._out, ids)
@@ -214,8 +223,7 @@ def open_session(onnx_path: Path, threads: int = 1):
     try:
         return ort.InferenceSession(str(onnx_path), opts, providers=providers)
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise EdgeSpecError(f"ONNX Runtime cannot load {onnx_path}: {first}") from None
+        raise EdgeSpecError(f"ONNX Runtime cannot load {onnx_path}: {first_line(exc)}") from None
 
 
 # ----------------------------------------------------------------------------- drafters
