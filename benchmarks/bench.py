@@ -29,7 +29,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.report import BASELINE, REF_LOOKUP, REF_PLAIN
+from benchmarks import llamacpp
+from benchmarks.report import BASELINE, REF_LOOKUP, REF_PLAIN, versus_llamacpp
 from benchmarks.suite import FRAMINGS, Prompt, load_suites, resolve_framing
 from edgespec.errors import EdgeSpecError
 from edgespec.sampling import SamplingParams
@@ -53,6 +54,8 @@ class BenchSettings:
     reference: bool = True
     lookup_tokens: int = 10
     lookup_ngram: int = 2
+    llama_cpp: list[str] = field(default_factory=list)  # llama.cpp speculation types run as references
+    llama_cpp_draft_max: int = 16
     n_ctx: int = 4096
     n_threads: int | None = None
     flash_attn: str = "auto"
@@ -67,6 +70,8 @@ class BenchSettings:
             raise EdgeSpecError(f"--temperature must be >= 0, got {self.temperature}")
         if self.lookup_tokens < 1:
             raise EdgeSpecError(f"--lookup-tokens must be >= 1, got {self.lookup_tokens}")
+        if self.llama_cpp_draft_max < 1:
+            raise EdgeSpecError(f"--reference-draft-max must be >= 1, got {self.llama_cpp_draft_max}")
         if self.framing not in FRAMINGS:
             raise EdgeSpecError(f"--framing must be one of {', '.join(FRAMINGS)}, got {self.framing!r}")
         if not self.drafts or any(d.strip() == "none" for d in self.drafts):
@@ -84,7 +89,7 @@ class Config:
     """One way of generating that is timed on every prompt."""
 
     name: str
-    kind: str  # 'baseline' | 'ours' | 'reference'
+    kind: str  # 'baseline' | 'ours' | 'reference' (llama-cpp-python) | 'llama.cpp' (its own speculation)
     draft: str = "none"
     gamma: str = "0"
 
@@ -109,6 +114,7 @@ class Run:
     tokens_per_s: float
     stats: dict | None = None
     predicted_speedup: float | None = None
+    text: str | None = None  # llama.cpp runs: the program's text (its tokens are not reported)
 
 
 def configs_for(s: BenchSettings) -> list[Config]:
@@ -118,6 +124,7 @@ def configs_for(s: BenchSettings) -> list[Config]:
             out.append(Config(f"{Path(d).name if d.endswith('.gguf') else d} g={g}", "ours", d, g))
     if s.reference:
         out += [Config(REF_PLAIN, "reference"), Config(REF_LOOKUP, "reference")]
+    out += [Config(llamacpp.PREFIX + t, "llama.cpp", gamma=str(s.llama_cpp_draft_max)) for t in s.llama_cpp]
     return out
 
 
@@ -138,6 +145,17 @@ class Runner:
         self.refs: dict = {}
         try:
             self.framing = resolve_framing(self.target, s.framing)
+            if s.llama_cpp:
+                binary = llamacpp.find_binary()
+                if binary is None:
+                    log(llamacpp.missing_message())
+                    s.llama_cpp = []
+                else:
+                    log(f"llama.cpp reference: {binary}")
+                    self.refs.update({
+                        llamacpp.PREFIX + t: llamacpp.LlamaCppSpeculative(binary, self.target, t, draft_max=s.llama_cpp_draft_max)
+                        for t in s.llama_cpp
+                    })
             self.configs = configs_for(s)
             for cfg in self.configs:
                 if cfg.kind == "ours" and drafters.kinds()[drafters.split_spec(cfg.draft)[0]].takes_model:
@@ -188,6 +206,15 @@ class Runner:
         if cfg.kind == "reference":
             r = self.refs[cfg.name].generate(tokens, max_tokens or s.max_tokens, s.temperature, s.seed)
             return Run(r.tokens, r.tokens_per_s)
+        if cfg.kind == "llama.cpp":
+            limit = max_tokens or s.max_tokens
+            sr = self.refs[cfg.name].generate(tokens, limit)
+            # Its count includes an end-of-generation token where it stopped early (ours does not),
+            # and it finishes the step that reaches the limit, so it may return up to a draft more.
+            generated = sr.n_predict - (1 if sr.n_predict < limit else 0)
+            toks = self.target.tokenize(sr.text, add_special=False)
+            stats = {"drafted": sr.n_drafted, "accepted": sr.n_accept, "generated": generated}
+            return Run(toks, generated / max(sr.decode_s, 1e-9), stats, text=sr.text)
         reply = self.session.run(cfg.request(s, text, self.framing, max_tokens), stop)
         return Run(reply.tokens, reply.stats.tokens_per_s, reply.stats.to_dict(), reply.predicted_speedup)
 
@@ -234,8 +261,27 @@ def bench_prompt(runner: Runner, pr: Prompt, tokens: list[int], stop: threading.
             "speedup": tps / base_tps,
             "generated": len(rep.tokens),
             "tokens": rs[0].tokens,
-            "text": runner.target.detokenize(rs[0].tokens),
+            "text": rs[0].text if rs[0].text is not None else runner.target.detokenize(rs[0].tokens),
         }
+        if cfg.kind == "llama.cpp":
+            drafted = sum(r.stats["drafted"] for r in rs)
+            accepted = sum(r.stats["accepted"] for r in rs)
+            entry.update(drafted=drafted, accepted=accepted, acceptance_rate=accepted / drafted if drafted else None,
+                         generated=rep.stats["generated"])
+            if s.greedy:
+                # Compared as text (the program reports text, not token ids), over the baseline's
+                # length when the baseline stopped at the limit (the program may run past it).
+                base_text = runner.target.detokenize(base_tokens)
+                at_limit = len(base_tokens) >= s.max_tokens
+                differ = [r for r in rs if not (r.text.startswith(base_text) if at_limit else r.text == base_text)]
+                entry["identical"] = not differ
+                entry["divergences"] = []
+                for seq in sorted({tuple(r.tokens) for r in differ}):
+                    div = explain_divergence(runner.target, tokens, base_tokens, list(seq))
+                    if div is not None:
+                        entry["divergences"].append(div.to_dict())
+            results[cfg.name] = entry
+            continue
         if rep.stats is not None:
             drafted = sum(r.stats["drafted"] for r in rs)
             accepted = sum(r.stats["accepted"] for r in rs)
@@ -292,7 +338,10 @@ def aggregate(prompts: list[dict], names: list[str]) -> dict:
             gen = sum(e["generated"] for e in es)
             secs = sum(e["generated"] / e["tokens_per_s"] for e in es if e["tokens_per_s"] > 0)
             cell: dict = {"prompts": len(es), "generated": gen, "tokens_per_s": gen / secs if secs else 0.0}
-            if es[0].get("acceptance_rate") is not None or "target_calls" in es[0]:
+            if "target_calls" not in es[0] and "drafted" in es[0]:  # llama.cpp: no per-call stats
+                acc = [e["acceptance_rate"] for e in es if e.get("acceptance_rate") is not None]
+                cell["acceptance_rate"] = statistics.mean(acc) if acc else None
+            elif es[0].get("acceptance_rate") is not None or "target_calls" in es[0]:
                 calls = sum(e["target_calls"] for e in es)
                 cell["target_calls"] = calls
                 acc = [e["acceptance_rate"] for e in es if e.get("acceptance_rate") is not None]
@@ -362,6 +411,7 @@ def run_bench(
         meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         meta["prompts_done"] = len(done)
         results["categories"] = aggregate(done, names)
+        results["versus_llamacpp"] = versus_llamacpp(results)
         if done:
             # T(1) should be close to the baseline's seconds per token; far above it means the stored
             # profile was measured under machine load, and predicted speedups are not to be trusted.
@@ -466,6 +516,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-reference", action="store_true", help="skip llama-cpp-python's plain and prompt-lookup runs")
     ap.add_argument("--lookup-tokens", type=int, default=10, help="llama-cpp-python prompt lookup num_pred_tokens (default 10)")
     ap.add_argument("--lookup-ngram", type=int, default=2, help="llama-cpp-python prompt lookup max_ngram_size (default 2)")
+    ap.add_argument("--reference", action="append", default=[], metavar="llama.cpp:TYPE,...",
+                    help="also run llama.cpp's own speculation (llama-speculative-simple, built by "
+                    "scripts/build_reference.sh) with these n-gram types: " + ",".join(llamacpp.SPEC_TYPES))
+    ap.add_argument("--reference-draft-max", type=int, default=16, help="llama.cpp's --spec-draft-n-max (default 16)")
     ap.add_argument("--out", default=None, help="output folder (results.json, report.md, plots)")
     ap.add_argument("--verify-cost", action="store_true", help="measure T(K)/T(1) for K = 1..--max-k and the speedup ceiling")
     ap.add_argument("--max-k", type=int, default=32, help="largest K for --verify-cost (default 32)")
@@ -506,6 +560,8 @@ def main(argv: list[str]) -> int:
         reference=not args.no_reference,
         lookup_tokens=args.lookup_tokens,
         lookup_ngram=args.lookup_ngram,
+        llama_cpp=[t for spec in args.reference for t in llamacpp.parse_reference(spec)],
+        llama_cpp_draft_max=args.reference_draft_max,
         **runtime_kw,
     )
     load_suites(s.suites, s.categories, s.per_category)  # so does a bad suite file

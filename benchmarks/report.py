@@ -94,6 +94,7 @@ def report_markdown(res: dict) -> str:
                 f"| {name} | {c['tokens_per_s']:.1f} | {c['speedup']:.2f}x | {_fmt(c.get('predicted_speedup'))} | "
                 f"{_fmt(c.get('acceptance_rate'))} | {_fmt(c.get('mean_accepted'))} | {c.get('target_calls', '–')} | {ident} |"
             )
+    lines += llamacpp_section(res)
     divs = [
         (p["id"], name, d)
         for p in res["prompts"]
@@ -137,6 +138,52 @@ def report_markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def versus_llamacpp(res: dict) -> list[dict]:
+    """Per prompt and configuration of ours: its speedup, the best llama.cpp speculation type's and
+    the ratio of the two (medians of the same run). Empty when no llama.cpp reference ran."""
+    kinds = {c["name"]: c["kind"] for c in res["meta"]["configs"]}
+    ours = [n for n, k in kinds.items() if k == "ours"]
+    refs = [n for n, k in kinds.items() if k == "llama.cpp"]
+    rows: list[dict] = []
+    if not refs:
+        return rows
+    for p in res["prompts"]:
+        r = p["results"]
+        best = max(refs, key=lambda n: r[n]["tokens_per_s"])
+        for name in ours:
+            rows.append({
+                "id": p["id"], "category": p["category"], "config": name,
+                "speedup": r[name]["speedup"], "best_reference": best, "reference_speedup": r[best]["speedup"],
+                "ratio": r[name]["tokens_per_s"] / r[best]["tokens_per_s"] if r[best]["tokens_per_s"] else 0.0,
+                "references": {n: r[n]["speedup"] for n in refs},
+            })
+    return rows
+
+
+def llamacpp_section(res: dict) -> list[str]:
+    rows = versus_llamacpp(res)
+    if not rows:
+        return []
+    refs = list(rows[0]["references"])
+    lines = [
+        "",
+        "## EdgeSpec vs llama.cpp's own speculation",
+        "",
+        "llama.cpp rows: `llama-speculative-simple --spec-type T` built from the same vendored llama.cpp and run "
+        "on the same shared libraries (scripts/build_reference.sh); speedups over EdgeSpec's baseline. "
+        "'vs best' = EdgeSpec tok/s over the fastest llama.cpp type's on that prompt.",
+        "",
+        "| prompt | EdgeSpec | " + " | ".join(n.removeprefix("llama.cpp ") for n in refs) + " | vs best |",
+        "|---|---|" + "---|" * len(refs) + "---|",
+    ]
+    for r in rows:
+        cells = " | ".join(f"{r['references'][n]:.2f}x" for n in refs)
+        lines.append(f"| {r['id']} ({r['config']}) | {r['speedup']:.2f}x | {cells} | **{r['ratio']:.2f}x** |")
+    ratios = sorted(r["ratio"] for r in rows)
+    lines += ["", f"vs best: median {ratios[(len(ratios) - 1) // 2]:.2f}x, min {ratios[0]:.2f}x over {len(rows)} prompt runs."]
+    return lines
+
+
 def summary_lines(res: dict) -> list[str]:
     """A few lines for the terminal: overall speedup per configuration."""
     overall = res["categories"].get("overall")
@@ -147,6 +194,11 @@ def summary_lines(res: dict) -> list[str]:
         extra = f", own baseline {c['speedup_vs_own_baseline']:.2f}x" if "speedup_vs_own_baseline" in c else ""
         ident = f", identical {c['identical']}/{c['prompts']}" if "identical" in c else ""
         out.append(f"{name:28s} {c['tokens_per_s']:7.1f} tok/s  {c['speedup']:.2f}x{extra}{ident}")
+    vs = versus_llamacpp(res)
+    if vs:
+        ratios = sorted(r["ratio"] for r in vs)
+        out.append(f"EdgeSpec vs best llama.cpp type, per prompt: median {ratios[(len(ratios) - 1) // 2]:.2f}x, "
+                   f"min {ratios[0]:.2f}x ({len(vs)} prompt runs)")
     return out
 
 

@@ -335,6 +335,19 @@ class Model:
     def detokenize(self, tokens: Sequence[int]) -> str:
         return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", "replace")
 
+    def render_special(self, tokens: Sequence[int]) -> str:
+        """Text of `tokens` with special tokens written out (`<start_of_turn>`, ...): what a program
+        that tokenizes with parse_special, such as llama.cpp's own tools, turns back into `tokens`."""
+        out = []
+        for t in tokens:
+            buf = ctypes.create_string_buffer(256)
+            n = lib().llama_token_to_piece(self._vocab, int(t), buf, len(buf), 0, True)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = lib().llama_token_to_piece(self._vocab, int(t), buf, len(buf), 0, True)
+            out.append(buf.raw[:n])
+        return b"".join(out).decode("utf-8", "replace")
+
     def is_eog(self, token: int) -> bool:
         return bool(lib().llama_vocab_is_eog(self._vocab, token))
 

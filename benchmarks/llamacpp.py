@@ -1,0 +1,162 @@
+"""llama.cpp's own speculative decoding as a bench reference: `llama-speculative-simple
+--spec-type T` (ngram-simple, ngram-map-k, ngram-mod, ngram-cache), the same n-gram speculation
+users get from `llama-server --spec-type T`.
+
+The program is built by `bash scripts/build_reference.sh` from the llama.cpp sources vendored in
+the project's llama-cpp-python release, and runs on the very shared libraries the project loads
+(the CPU kernel modules included), so the two sides differ only in the speculation loop.
+
+One run = one process: the prompt's tokens go in as text (special tokens written out; the program
+tokenizes with parse_special and adds BOS, and the count it reports is checked against ours), greedy
+sampling, the same threads, context and flash-attention setting. Tokens/s is the program's own
+"decoded N tokens in S seconds" (time after the prompt pass, like the engine's `Stats.decode_s`).
+With Gemma 3 (a sliding-window cache, which cannot drop single positions) the program verifies
+through state checkpoints: it may then generate past `-n` (it finishes a restored draft first) and
+its n_drafted/n_accept counters leave those steps out, so its rate is the measure, not its counts.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgespec.errors import EdgeSpecError
+from edgespec.runtime import Model
+
+LLAMA_CPP_VERSION = "0.3.36"
+SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache")
+PREFIX = "llama.cpp "  # configuration names: 'llama.cpp ngram-simple', ...
+BUILD_HINT = "bash scripts/build_reference.sh"
+
+
+def parse_reference(spec: str) -> list[str]:
+    """'llama.cpp:ngram-simple,ngram-mod' (or 'llama.cpp' for every n-gram type) -> the types."""
+    head, _, tail = spec.partition(":")
+    if head.strip() != "llama.cpp":
+        raise EdgeSpecError(f"--reference takes llama.cpp:TYPE[,TYPE...], got {spec!r}")
+    types = [t.strip() for t in tail.split(",") if t.strip()] or list(SPEC_TYPES)
+    bad = [t for t in types if t not in SPEC_TYPES]
+    if bad:
+        raise EdgeSpecError(f"unknown llama.cpp speculation type {bad[0]!r}; choose from {', '.join(SPEC_TYPES)}")
+    return types
+
+
+def default_binary() -> Path:
+    """Where build_reference.sh puts the program for the installed llama-cpp-python build."""
+    if os.environ.get("EDGESPEC_LLAMA_SPECULATIVE"):
+        return Path(os.environ["EDGESPEC_LLAMA_SPECULATIVE"])
+    root = Path(__file__).resolve().parent.parent
+    try:
+        key = (root / ".venv" / ".llama-build-key").read_text().strip()
+    except OSError:
+        key = "unknown"
+    cache = Path(os.environ.get("EDGESPEC_CACHE", Path.home() / ".cache" / "edgespec"))
+    return cache / "reference" / f"llama.cpp-{LLAMA_CPP_VERSION}-{key}" / "llama-speculative-simple"
+
+
+def find_binary() -> Path | None:
+    path = default_binary()
+    return path if path.is_file() and os.access(path, os.X_OK) else None
+
+
+@dataclass
+class SpecRun:
+    text: str
+    n_predict: int  # tokens the program generated (its count, end-of-generation included)
+    decode_s: float
+    n_drafted: int
+    n_accept: int
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.n_predict / max(self.decode_s, 1e-9)
+
+
+_DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([0-9.]+) seconds")
+_ENCODED = re.compile(r"encoded\s+(\d+) tokens in")
+_COUNT = re.compile(r"^\s*(n_drafted|n_accept)\s*=\s*(\d+)", re.M)
+
+
+class LlamaCppSpeculative:
+    """Runs `llama-speculative-simple` with one n-gram type on the target file."""
+
+    def __init__(self, binary: Path, target: Model, spec_type: str, *, draft_max: int = 16,
+                 timeout_s: float = 600.0) -> None:
+        if spec_type not in SPEC_TYPES:
+            raise EdgeSpecError(f"unknown llama.cpp speculation type {spec_type!r}")
+        self.binary = binary
+        self.target = target
+        self.spec_type = spec_type
+        self.draft_max = draft_max
+        self.timeout_s = timeout_s
+        self.name = PREFIX + spec_type
+
+    def prompt_text(self, tokens: Sequence[int]) -> str:
+        """Text the program tokenizes back into `tokens` (it adds BOS itself)."""
+        info = self.target.info
+        if not (info.add_bos and tokens and tokens[0] == info.bos):
+            raise EdgeSpecError("the llama.cpp reference needs prompts that start with the model's BOS token")
+        return self.target.render_special(tokens[1:])
+
+    def generate(self, tokens: Sequence[int], max_tokens: int) -> SpecRun:
+        t = self.target
+        prompt = self.prompt_text(tokens)
+        fa = {"on": "on", "off": "off"}.get(str(t.flash_attn), "auto")
+        cmd = [
+            str(self.binary), "-m", str(t.path), "-p", prompt, "-n", str(max_tokens),
+            "-c", str(t.n_ctx), "-t", str(t.n_threads), "-tb", str(t.n_threads), "-fa", fa,
+            "--temp", "0", "--spec-type", self.spec_type, "--spec-draft-n-max", str(self.draft_max),
+            "--seed", "1",
+        ]
+        env = dict(os.environ, LD_LIBRARY_PATH=str(self.binary.parent))
+        try:
+            proc = subprocess.run(cmd, capture_output=True, env=env, timeout=self.timeout_s, check=False)
+        except subprocess.TimeoutExpired:
+            raise EdgeSpecError(f"{self.binary.name} ({self.spec_type}) took over {self.timeout_s:.0f} s") from None
+        out = proc.stdout.decode("utf-8", "replace")
+        err = proc.stderr.decode("utf-8", "replace")
+        dec = _DECODED.search(err)
+        if proc.returncode != 0 or dec is None:
+            last = next((ln for ln in reversed(err.strip().splitlines()) if ln.strip()), f"exit code {proc.returncode}")
+            raise EdgeSpecError(f"{self.binary.name} ({self.spec_type}) failed: {last.strip()}")
+        enc = _ENCODED.search(err)
+        if enc is not None and int(enc.group(1)) != len(tokens):
+            raise EdgeSpecError(
+                f"{self.binary.name} tokenized the prompt to {enc.group(1)} tokens, EdgeSpec to {len(tokens)}"
+            )
+        counts = dict((k, int(v)) for k, v in _COUNT.findall(err))
+        # stdout: "\n\n", the prompt's pieces (BOS written out), the generated text, "\n\n"
+        start = out.find(prompt)
+        text = out[start + len(prompt):] if start >= 0 else out
+        if text.endswith("\n\n"):
+            text = text[:-2]
+        return SpecRun(text, int(dec.group(1)), float(dec.group(2)), counts.get("n_drafted", 0), counts.get("n_accept", 0))
+
+    def close(self) -> None:
+        pass  # one process per run: nothing stays open
+
+
+def missing_message() -> str:
+    return (
+        f"llama.cpp reference skipped: no {default_binary().name} at {default_binary().parent} "
+        f"(build it once with `{BUILD_HINT}`, 10-15 minutes; or set EDGESPEC_LLAMA_SPECULATIVE)"
+    )
+
+
+def main(argv: list[str]) -> int:
+    """`python -m benchmarks.llamacpp`: where the reference program is, or how to build it."""
+    path = find_binary()
+    if path is None:
+        print(missing_message(), file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
