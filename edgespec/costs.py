@@ -39,6 +39,8 @@ from edgespec.runtime import Model
 from edgespec.theory import expected_tokens, walltime_speedup
 
 K_MAX = 17  # rows profiled: a draft of up to 16 tokens plus the last committed token
+CONTEXT_AT = 512  # tokens of context before the profiled passes (prompt + output of a typical request)
+PROFILE_VERSION = 2  # how profiles are measured; stored profiles of other versions are measured again
 STALE_FACTOR = 1.25  # stored T(1) this much slower than observed single-token passes: re-measure
 MIN_OBSERVED = 8  # single-token passes needed before a profile is judged
 # A real paragraph for the batch-invariance probe (positions in real text, not a repeated phrase).
@@ -60,19 +62,28 @@ def profile_dir() -> Path:
     return Path(os.environ.get("EDGESPEC_CACHE", Path.home() / ".cache" / "edgespec")) / "profiles"
 
 
-def measure_pass_costs(model: Model, rows: Sequence[int], repeats: int = 3) -> dict[int, float]:
-    """Median seconds of one pass over K rows (logits on every row), for K in `rows`.
+def measure_pass_costs(model: Model, rows: Sequence[int], repeats: int = 3, at: int = CONTEXT_AT) -> dict[int, float]:
+    """Median seconds of one pass over K rows (logits on every row), for K in `rows`, appended
+    after `at` tokens of context, where real steps run (a pass attends to everything before it:
+    timed from position 0, T(K) came out lower than in generation).
 
-    Decodes filler tokens from position 0 and clears the cache afterwards. Row counts are
-    interleaved across repeats so that machine noise hits them alike.
+    Clears the cache afterwards. Row counts are interleaved across repeats so that machine noise
+    hits them alike.
     """
-    filler = model.tokenize(" the quick brown fox jumps over the lazy dog" * 8, add_special=False)
+    text = PROBE_TEXT
+    filler = model.tokenize(text, add_special=True)
+    while len(filler) < at + max(rows):
+        text += " " + PROBE_TEXT
+        filler = model.tokenize(text, add_special=True)
+    at = min(at, model.n_ctx - max(rows) - 1)
     times: dict[int, list[float]] = {k: [] for k in rows}
+    model.reset()
+    model.decode(filler[:at], n_logits=0)
     for _ in range(repeats + 1):  # the first round warms caches and is discarded
         for k in rows:
-            model.reset()
+            model.truncate(at)
             t = time.perf_counter()
-            model.decode(filler[:k], n_logits=k)
+            model.decode(filler[at : at + k], n_logits=k)
             times[k].append(time.perf_counter() - t)
     model.reset()
     return {k: float(np.median(v[1:])) for k, v in times.items()}
@@ -105,7 +116,7 @@ def _key(model: Model) -> str:
         os.path.realpath(model.path), st.st_size, st.st_mtime_ns,
         model.n_threads, model.flash_attn, model.repack,
         getattr(runtime.lib(), "__version__", ""), be.mode, be.variant, be.module, be.cpu.signature,
-        sorted(os.sched_getaffinity(0)),
+        sorted(os.sched_getaffinity(0)), PROFILE_VERSION, CONTEXT_AT,
     ]
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
 

@@ -129,6 +129,9 @@ class Stats:
     # plain decoding costs per token here and now: for the measured speedup and for judging the
     # stored cost profile. The last PLAIN_KEEP of them.
     plain_pass_s: list[float] = field(default_factory=list)
+    # Seconds of each target pass (llama_decode and nothing else) by its row count, i.e. T(K) as
+    # real steps see it, at the real context length: what the cost profile is checked against.
+    pass_s: dict[int, list[float]] = field(default_factory=dict)
 
     @property
     def decode_s(self) -> float:
@@ -167,7 +170,9 @@ class Stats:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        del d["plain_pass_s"]
+        del d["plain_pass_s"], d["pass_s"]
+        d["pass_s_median"] = {str(k): float(np.median(v)) for k, v in sorted(self.pass_s.items())}
+        d["pass_count"] = {str(k): len(v) for k, v in sorted(self.pass_s.items())}
         d.update(tokens_per_s=self.tokens_per_s, acceptance_rate=self.acceptance_rate, alpha=self.alpha,
                  mean_accepted=self.mean_accepted, tokens_per_call=self.tokens_per_call,
                  bandwidth_gb_s=self.bandwidth_gb_s)
@@ -318,6 +323,7 @@ class Engine:
             stats.draft_s += td - ts
             stats.target_s += tt - td
             stats.verify_s += tv - tt
+            stats.pass_s.setdefault(len(batch), []).append(tt - td)
             stats.gamma_hist[k] = stats.gamma_hist.get(k, 0) + 1
             if k:
                 stats.accepted_hist[n_acc] = stats.accepted_hist.get(n_acc, 0) + 1
