@@ -203,3 +203,54 @@ def test_a_profile_slower_than_the_machine_is_forgotten(smollm2_path, tmp_path, 
         assert profile(model, [1, 2]).pass_s[1] < 2 * t1  # measured again
     finally:
         model.close()
+
+
+def test_a_long_match_is_drafted_at_once_where_verification_is_dear():
+    """Costs shaped like the AMD EPYC's (Gemma: T(2)/T(1) 1.7, rows cheaper in multiples of 8):
+    the first 16-token match of a generation is drafted long at once (the measured prior for long
+    matches), a 1-token match is not drafted at all, and a long match that keeps failing is
+    dropped."""
+    cm = CostModel({1: 0.0155, 2: 0.026, 4: 0.034, 8: 0.052, 9: 0.073, 16: 0.091, 17: 0.112})
+    policy = auto(cm)
+    first = policy.choose(16)
+    assert first >= 7 and cm.t_ratio(first + 1) < cm.t_ratio(first + 2)  # stops where rows get dear
+    policy.observe(first, first)
+    assert policy.choose(1) == 0
+    failing = auto(cm)
+    chosen = []
+    for _ in range(40):
+        chosen.append(failing.choose(16))
+        failing.observe(chosen[-1], 0)
+    assert chosen[0] >= 7 and sum(k > 0 for k in chosen[-20:]) <= 3  # only the odd probe
+
+
+def test_match_prior_is_monotone_and_steps_down_to_the_tabled_size():
+    from edgespec.adaptive import MATCH_PRIOR, match_prior
+
+    sizes = sorted(MATCH_PRIOR)
+    assert all(MATCH_PRIOR[a] <= MATCH_PRIOR[b] for a, b in zip(sizes, sizes[1:], strict=False))
+    assert match_prior(5) == MATCH_PRIOR[4] and match_prior(40) == MATCH_PRIOR[16] and match_prior(0) == 0.5
+
+
+def test_profile_passes_run_after_real_context(smollm2_path):
+    """T(K) is timed after CONTEXT_AT tokens (capped by the context), and the cache is left empty."""
+    from edgespec.runtime import Model
+
+    model = Model(smollm2_path, n_ctx=128)
+    try:
+        seen = []
+        decode = model.decode
+
+        def spy(tokens, n_logits=1, hidden=False):
+            seen.append((model.n_past, len(tokens), n_logits))
+            return decode(tokens, n_logits, hidden)
+
+        model.decode = spy
+        got = costs_mod.measure_pass_costs(model, [1, 3], repeats=1)
+        assert set(got) == {1, 3} and all(t > 0 for t in got.values())
+        at = min(costs_mod.CONTEXT_AT, model.n_ctx - 3 - 1)
+        assert seen[0] == (0, at, 0)  # the context, no logits
+        assert {s for s in seen[1:]} == {(at, 1, 1), (at, 3, 3)}  # every timed pass after it
+        assert model.n_past == 0
+    finally:
+        model.close()
