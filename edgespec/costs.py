@@ -65,29 +65,35 @@ def profile_dir() -> Path:
 
 
 def measure_pass_costs(model: Model, rows: Sequence[int], repeats: int = 3, at: int = CONTEXT_AT) -> dict[int, float]:
-    """Median seconds of one pass over K rows (logits on every row), for K in `rows`, appended
-    after `at` tokens of context, where real steps run (a pass attends to everything before it:
+    """Median seconds of one pass over K rows (logits on every row), for K in `rows`, with `at`
+    tokens of context before them, where real steps run (a pass attends to everything before it:
     timed from position 0, T(K) came out lower than in generation).
 
-    Clears the cache afterwards. Row counts are interleaved across repeats so that machine noise
-    hits them alike.
+    The cache is left as it was found: filler is appended after whatever it holds (a conversation
+    whose prefix the next turn reuses) up to `at` tokens in all, and cut back afterwards. Only when
+    not even the passes fit behind it is the cache cleared. Row counts are interleaved across repeats
+    so that machine noise hits them alike.
     """
-    text = PROBE_TEXT
-    filler = model.tokenize(text, add_special=True)
-    while len(filler) < at + max(rows):
-        text += " " + PROBE_TEXT
-        filler = model.tokenize(text, add_special=True)
-    at = min(at, model.n_ctx - max(rows) - 1)
+    k_max = max(rows)
+    at = min(at, model.n_ctx - k_max - 1)
+    start = model.n_past
+    if start + k_max >= model.n_ctx:
+        model.reset()
+        start = 0
+    at = max(at, start)  # a cache longer than `at` is kept: the passes then follow all of it
+    filler = model.tokenize(PROBE_TEXT, add_special=True)
+    filler = filler * (1 + (at - start + k_max) // len(filler))
+    if at > start:
+        model.decode(filler[: at - start], n_logits=0)
+    passes = filler[at - start : at - start + k_max]
     times: dict[int, list[float]] = {k: [] for k in rows}
-    model.reset()
-    model.decode(filler[:at], n_logits=0)
     for _ in range(repeats + 1):  # the first round warms caches and is discarded
         for k in rows:
             model.truncate(at)
             t = time.perf_counter()
-            model.decode(filler[at : at + k], n_logits=k)
+            model.decode(passes[:k], n_logits=k)
             times[k].append(time.perf_counter() - t)
-    model.reset()
+    model.truncate(start)
     return {k: float(np.median(v[1:])) for k, v in times.items()}
 
 

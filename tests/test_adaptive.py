@@ -11,7 +11,7 @@ import pytest
 from edgespec import backend
 from edgespec import costs as costs_mod
 from edgespec.adaptive import AutoGamma
-from edgespec.costs import CostModel, profile, profile_dir
+from edgespec.costs import PROBE_TEXT, CostModel, profile, profile_dir
 
 
 def costs(per_row: float, c: float = 0.0, max_rows: int | None = None) -> CostModel:
@@ -233,7 +233,8 @@ def test_match_prior_is_monotone_and_steps_down_to_the_tabled_size():
 
 
 def test_profile_passes_run_after_real_context(smollm2_path):
-    """T(K) is timed after CONTEXT_AT tokens (capped by the context), and the cache is left empty."""
+    """T(K) is timed after CONTEXT_AT tokens (capped by the context), and the cache is left as it
+    was found."""
     from edgespec.runtime import Model
 
     model = Model(smollm2_path, n_ctx=128)
@@ -252,5 +253,12 @@ def test_profile_passes_run_after_real_context(smollm2_path):
         assert seen[0] == (0, at, 0)  # the context, no logits
         assert {s for s in seen[1:]} == {(at, 1, 1), (at, 3, 3)}  # every timed pass after it
         assert model.n_past == 0
+        # a cache in use (a conversation the next turn reuses) is kept: filler goes after it
+        held = model.tokenize(PROBE_TEXT, add_special=True)[:40]
+        decode(held, n_logits=0)
+        seen.clear()
+        costs_mod.measure_pass_costs(model, [1, 3], repeats=1)
+        assert seen[0] == (40, at - 40, 0) and {s for s in seen[1:]} == {(at, 1, 1), (at, 3, 3)}
+        assert model.cached == tuple(held)
     finally:
         model.close()
