@@ -25,10 +25,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from edgespec import firstrun
 from edgespec.errors import EdgeSpecError
 from edgespec.runtime import Model
 
-LLAMA_CPP_VERSION = "0.3.36"
 SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache")
 PREFIX = "llama.cpp "  # configuration names: 'llama.cpp ngram-simple', ...
 BUILD_HINT = "bash scripts/build_reference.sh"
@@ -55,8 +55,7 @@ def default_binary() -> Path:
         key = (root / ".venv" / ".llama-build-key").read_text().strip()
     except OSError:
         key = "unknown"
-    cache = Path(os.environ.get("EDGESPEC_CACHE", Path.home() / ".cache" / "edgespec"))
-    return cache / "reference" / f"llama.cpp-{LLAMA_CPP_VERSION}-{key}" / "llama-speculative-simple"
+    return firstrun.cache_dir() / "reference" / f"llama.cpp-{firstrun.LLAMA_CPP_VERSION}-{key}" / "llama-speculative-simple"
 
 
 def find_binary() -> Path | None:

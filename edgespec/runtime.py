@@ -315,17 +315,20 @@ class Model:
             n = lib().llama_tokenize(self._vocab, data, len(data), arr, cap, add_special, parse_special)
         return list(arr[:n])
 
+    def _piece(self, token: int, special: bool) -> bytes:
+        """llama_token_to_piece, with a buffer as large as the piece needs."""
+        buf = ctypes.create_string_buffer(64)
+        n = lib().llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = lib().llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
     def token_bytes(self, token: int) -> bytes:
         """The bytes a token renders to (special tokens render empty)."""
         piece = self._pieces.get(token)
         if piece is None:
-            buf = ctypes.create_string_buffer(64)
-            n = lib().llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
-            if n < 0:
-                buf = ctypes.create_string_buffer(-n)
-                n = lib().llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
-            piece = buf.raw[:n]
-            self._pieces[token] = piece
+            piece = self._pieces[token] = self._piece(token, False)
         return piece
 
     def token_text(self, token: int) -> str:
@@ -338,15 +341,7 @@ class Model:
     def render_special(self, tokens: Sequence[int]) -> str:
         """Text of `tokens` with special tokens written out (`<start_of_turn>`, ...): what a program
         that tokenizes with parse_special, such as llama.cpp's own tools, turns back into `tokens`."""
-        out = []
-        for t in tokens:
-            buf = ctypes.create_string_buffer(256)
-            n = lib().llama_token_to_piece(self._vocab, int(t), buf, len(buf), 0, True)
-            if n < 0:
-                buf = ctypes.create_string_buffer(-n)
-                n = lib().llama_token_to_piece(self._vocab, int(t), buf, len(buf), 0, True)
-            out.append(buf.raw[:n])
-        return b"".join(out).decode("utf-8", "replace")
+        return b"".join(self._piece(int(t), True) for t in tokens).decode("utf-8", "replace")
 
     def is_eog(self, token: int) -> bool:
         return bool(lib().llama_vocab_is_eog(self._vocab, token))
