@@ -9,14 +9,18 @@ from edgespec.drafters.ngram import NgramDrafter, ngram_sizes
 
 
 def brute_force(tokens: list[int], gamma: int, sizes: tuple[int, ...]) -> tuple[int, list[int]]:
-    """(matched size, continuation) by scanning every earlier position."""
+    """(matched size, continuation) by scanning every earlier position; the continuation is copied
+    token by token from the text as it grows, so a copy that reaches the end reads its own output."""
     for n in sorted(sizes, reverse=True):
         if n > len(tokens):
             continue
         suffix = tokens[len(tokens) - n :]
         for end in range(len(tokens) - 1, n - 1, -1):  # latest occurrence first
             if tokens[end - n : end] == suffix:
-                return n, tokens[end : end + gamma]
+                text = list(tokens)
+                for i in range(gamma):
+                    text.append(text[end + i])
+                return n, text[len(tokens) :]
     return 0, []
 
 
@@ -57,6 +61,16 @@ def test_copies_the_continuation():
     d.begin(ctx)
     assert d.propose(ctx, 3).tokens.tolist() == [7, 8, 9]
     assert d.propose(ctx, 0).tokens.tolist() == []
+
+
+def test_a_loop_is_drafted_as_far_as_asked():
+    """Greedy small models fall into loops ("Summary:\nSummary:\n..."): the match is 3 tokens back,
+    and the draft goes on around the loop instead of stopping at the end of the context."""
+    d = NgramDrafter()
+    ctx = [9, 4, 1, 2, 3, 1, 2, 3, 1, 2, 3]
+    d.begin(ctx)
+    assert d.hint(ctx) == 6
+    assert d.propose(ctx, 10).tokens.tolist() == [1, 2, 3, 1, 2, 3, 1, 2, 3, 1]
 
 
 def test_restarts_on_a_different_context():

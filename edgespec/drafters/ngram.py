@@ -88,7 +88,16 @@ class NgramDrafter:
         n, pos = self._lookup(context)
         if gamma <= 0 or n == 0:
             return Draft()
-        return Draft(np.asarray(self._tokens[pos : pos + gamma], dtype=np.int32))
+        toks = self._tokens
+        out = toks[pos : pos + gamma]
+        # A copy that reaches the end of the context goes on from its own start (an overlapping
+        # copy, as in LZ77): the match says the text repeats with period len(toks) - pos, so a
+        # loop ("Summary:\nSummary:\n...", a repeated line) is drafted as far as asked rather
+        # than only up to the context's end.
+        period = len(toks) - pos
+        while len(out) < gamma:
+            out.append(out[len(out) - period])
+        return Draft(np.asarray(out, dtype=np.int32))
 
     def commit(self, context: Sequence[int], n_accepted: int) -> None:
         self._extend(context)
