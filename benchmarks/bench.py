@@ -176,10 +176,11 @@ class Runner:
                         max_ngram_size=s.lookup_ngram,
                     )
             fixed = [int(g) for g in s.gammas if g.strip().lower() != "auto"]
-            rows = max([costs.K_MAX, *(g + 1 for g in fixed)])
-            log(f"cost profile T(K) for K = 1..{rows} (stored; measured on first use)")
-            profile = costs.profile(self.target, range(1, rows + 1))
-            self.costs = {k: profile.pass_s[k] for k in range(1, rows + 1)}
+            rows = sorted(set(costs.profile_rows()) | set(range(1, max([0, *fixed]) + 2)))
+            log(f"cost profile T(K) for K = 1..{costs.K_MAX}, {', '.join(str(k) for k in rows if k > costs.K_MAX)} "
+                "(stored; measured on first use)")
+            profile = costs.profile(self.target, rows)
+            self.costs = {k: profile.pass_s[k] for k in rows}
             self.cost_profile = str(costs.profile_path(self.target))
         except BaseException:
             self.close()

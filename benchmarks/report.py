@@ -123,7 +123,7 @@ def report_markdown(res: dict) -> str:
     costs = meta["verify_cost_s"]
     if costs:
         t1 = costs["1"]
-        ks = [k for k in ("2", "3", "5", "9", "17") if k in costs]
+        ks = [k for k in ("2", "3", "5", "8", "9", "16", "17", "24", "32", "48", "64") if k in costs]
         lines += [
             "",
             "## Verification cost T(K)/T(1) on this machine",

@@ -10,35 +10,52 @@ live timings: the choices then depend only on the tokens, so a seeded or greedy 
 text every time. gamma = 0 (plain decoding) is chosen whenever no gamma is predicted to beat it by
 `margin`. Because alpha is only observed while drafting, a short probe draft is sent now and then
 so a change in the text (e.g. the model starts copying its input) is noticed.
+
+For n-gram drafts, acceptance is not one alpha but one per draft position (token j given 1..j-1
+accepted; `theory.expected_tokens_chain`), read by the size the match has grown to (MATCH_PRIOR).
+Drafts run as long as the cost profile goes (`costs.GAMMA_MAX`), at row counts it measured.
 """
 
 from __future__ import annotations
 
+import bisect
+
 from edgespec.costs import CostModel
 from edgespec.drafters import Hint
 
-# P(the n-gram drafter's first token is accepted | size of the match it copies from), greedy, as
-# measured by `python -m benchmarks.ngram_priors` (Gemma-3-270M, 2 prompts of each Spec-Bench
-# category that the bench does not use and 2 code edits, 96 tokens each: 2,447 positions). A new
-# generation starts from these, worth PRIOR_WEIGHT drafts, instead of knowing nothing: text that has
-# matched 6+ tokens is almost always being copied, so the first long match is drafted at once
-# rather than after a run of plain steps and probes.
-# Used from PRIOR_MIN_MATCH up: below it the first token's acceptance overstates a whole draft's
-# (a 3-token match's first token is right 80% of the time, its chain much less often), and a 4-row
-# pass that fails on a short match costs 1.2 single-token passes on the AMD EPYC (0.80x on a
-# 9-token summary); short matches start from an uninformed 1 of 2 and learn, as before.
-MATCH_PRIOR = {1: 0.27, 2: 0.59, 3: 0.80, 4: 0.82, 6: 0.91, 8: 0.93, 12: 0.94, 16: 0.98}
+# P(a token copied from an n-gram match is accepted | size of the match), greedy. Measured by
+# `python -m benchmarks.ngram_replay --table` (Gemma-3-270M, 45 Spec-Bench and code-edit prompts the
+# bench does not use, 128 tokens each; pooled over draft positions as below).
+# A draft copies on from its match, so once its first j-1 tokens were right, its j-th token continues
+# a match of size h+j-1: acceptance along a draft is read at growing sizes. The replay's chain table
+# bears that out (from a 1-token match, the 4th token of a draft that was right so far is right 80%
+# of the time, like a 4-token match's first), and it is why a copy can be drafted long at once.
+# Gamma auto learns acceptance per size class within a generation, starting from this table, worth
+# PRIOR_WEIGHT drafted tokens, from PRIOR_MIN_MATCH up. Below it a size starts uninformed (0.5):
+# the first token of a short match is right less often than a whole draft needs (two failed 4-row
+# drafts made a 9-token summary 0.80x on the AMD EPYC).
+MATCH_PRIOR = {1: 0.355, 2: 0.546, 3: 0.647, 4: 0.860, 6: 0.916, 8: 0.952, 12: 0.944, 16: 0.984, 24: 0.992,
+               32: 0.994, 48: 0.994, 64: 0.996}
+_SIZES = sorted(MATCH_PRIOR)
 PRIOR_WEIGHT = 2.0
 PRIOR_MIN_MATCH = 6
 
 
+def size_class(size: int) -> int:
+    """The tabled match size that `size` falls in (the largest one not above it; 0 below all)."""
+    i = bisect.bisect_right(_SIZES, size)
+    return _SIZES[i - 1] if i else 0
+
+
 def match_prior(size: int) -> float:
-    """MATCH_PRIOR at `size` (the largest tabled size not above it)."""
-    best = 0.5
-    for n, p in sorted(MATCH_PRIOR.items()):
-        if n <= size:
-            best = p
-    return best
+    """MATCH_PRIOR at `size` (the largest tabled size not above it), 0.5 for sizes below the table."""
+    return MATCH_PRIOR.get(size_class(size), 0.5)
+
+
+def start_prior(size: int) -> float:
+    """What gamma auto expects of a copied token before anything was observed at its size: the
+    measured acceptance from PRIOR_MIN_MATCH up, an uninformed 0.5 below."""
+    return match_prior(size) if size >= PRIOR_MIN_MATCH else 0.5
 
 
 class AutoGamma:
@@ -46,14 +63,14 @@ class AutoGamma:
 
     def __init__(
         self,
-        gamma_max: int = 16,
+        gamma_max: int | None = None,
         halflife_tokens: float = 16.0,
         probe_every: int = 8,
         probe_gamma: int = 2,
         probe_min_hint: int = 8,
         margin: float = 1.10,
     ) -> None:
-        self.gamma_max = gamma_max
+        self.gamma_max = gamma_max  # None: as long as the cost profile goes (costs.GAMMA_MAX)
         self.decay = 0.5 ** (1.0 / halflife_tokens)
         self.probe_every = probe_every
         self.probe_gamma = probe_gamma
@@ -69,12 +86,15 @@ class AutoGamma:
         self.costs = costs
         # Acceptance as a geometric process: successes = accepted drafts, trials = accepted +
         # rejections; alpha_hat = successes / trials (MLE), with a weak prior of 0.5. Kept per
-        # context: with a drafter that gives a hint (the n-gram drafter's matched size; a 16-token
-        # match is followed by an accepted token far more often than a 1-token one), per hint;
-        # otherwise per outcome of the last draft (drafts come in runs: a model copying its input
-        # accepts whole drafts, then stops copying).
+        # context: per outcome of the last draft (drafts come in runs: a model copying its input
+        # accepts whole drafts, then stops copying), or per hint from a drafter that names a
+        # source but no size.
         self._succ: dict[tuple, float] = {}
         self._trials: dict[tuple, float] = {}
+        # n-gram matches: acceptance per (source, size class), every drafted token counted at the
+        # size its match had grown to (MATCH_PRIOR's comment), from the measured prior.
+        self._size_succ: dict[tuple, float] = {}
+        self._size_trials: dict[tuple, float] = {}
         self._state = 0  # 1 if the last draft was accepted in full
         self._key: tuple = ("state", 0)
         self._since_draft = 0
@@ -86,22 +106,36 @@ class AutoGamma:
         self._probing = False
 
     # ------------------------------------------------------------------ estimates
-    def _prior(self, key: tuple) -> tuple[float, float]:
-        """(successes, trials) before anything was observed in `key`'s context: the measured
-        acceptance by match size for long n-gram matches, else an uninformed 1 of 2."""
-        if key[0] == "hint" and key[1] in ("", "ngram") and key[2] and key[2] >= PRIOR_MIN_MATCH:
-            return PRIOR_WEIGHT * match_prior(key[2]), PRIOR_WEIGHT
-        return 1.0, 2.0
+    @staticmethod
+    def _is_match(key: tuple) -> bool:
+        """Whether `key` is an n-gram match of a known size (acceptance read by size along the draft)."""
+        return key[0] == "hint" and key[1] in ("", "ngram") and bool(key[2])
+
+    def _size_alpha(self, source: str, size: int) -> float:
+        cls = size_class(size)
+        k = (source, cls)
+        prior = start_prior(cls)
+        return self._size_succ.get(k, PRIOR_WEIGHT * prior) / self._size_trials.get(k, PRIOR_WEIGHT)
+
+    def _alphas(self) -> float | list[float]:
+        """Acceptance for the next draft in the context of the last `choose`: per draft position
+        for an n-gram match (token j continues a match of size + j - 1), else one rate."""
+        key = self._key
+        if self._is_match(key):
+            return [self._size_alpha(key[1], key[2] + j) for j in range(self._cap())]
+        return self._succ.get(key, 1.0) / self._trials.get(key, 2.0)
 
     @property
     def alpha(self) -> float:
-        """Acceptance rate expected for the next draft (in the context of the last `choose`)."""
-        succ0, trials0 = self._prior(self._key)
-        return self._succ.get(self._key, succ0) / self._trials.get(self._key, trials0)
+        """Acceptance rate expected for the next draft's first token (context of the last `choose`)."""
+        a = self._alphas()
+        return a if isinstance(a, float) else a[0]
 
     @property
     def alpha_overall(self) -> float:
-        return (1.0 + sum(self._succ.values())) / (2.0 + sum(self._trials.values()))
+        succ = sum(self._succ.values()) + sum(self._size_succ.values())
+        trials = sum(self._trials.values()) + sum(self._size_trials.values())
+        return (1.0 + succ) / (2.0 + trials)
 
     # ------------------------------------------------------------------ policy
     def choose(self, hint: int | Hint | None) -> int:
@@ -120,7 +154,7 @@ class AutoGamma:
         if costs is None or hint == 0:
             g = 0  # no costs known (plain decoding is the safe choice), or nothing to draft
         else:
-            g, s = costs.best_gamma(self.alpha, self.gamma_max, c=c)
+            g, s = costs.best_gamma(self._alphas(), self._cap(), c=c)
             self.last_predicted = s
             if s < self.margin:
                 g = 0
@@ -139,14 +173,19 @@ class AutoGamma:
         being paid for already (c = 0), or 0 when none is predicted to pay."""
         if self.costs is None or self._probing or available <= 0:
             return available
-        g, s = self.costs.best_gamma(self.alpha, min(available, self.gamma_max), c=0.0)
+        g, s = self.costs.best_gamma(self._alphas(), min(available, self._cap()), c=0.0)
         return g if s >= self.margin else 0
 
     def _could_pay(self, costs: CostModel, c: float | None = None, alpha_max: float = 0.95) -> bool:
         """Viability (the paper's alpha > c, with verification cost): would speculation pay even
         at the best acceptance the source can reach (nearly every draft, unless the drafter says
         less)? If not, probing for alpha only costs time."""
-        return costs.best_gamma(alpha_max, self.gamma_max, c=c)[1] >= self.margin
+        return costs.best_gamma(alpha_max, self._cap(), c=c)[1] >= self.margin
+
+    def _cap(self) -> int:
+        """Longest draft considered: gamma_max, within what the cost profile covers."""
+        profiled = self.costs.gamma_max if self.costs is not None else 16
+        return profiled if self.gamma_max is None else min(self.gamma_max, profiled)
 
     def observe(self, k: int, n_accepted: int) -> None:
         """Learn from one step's outcome (tokens only: planning from live timings would make the
@@ -158,18 +197,28 @@ class AutoGamma:
             self._probe_interval = self.probe_every if full else min(2 * self._probe_interval, 128)
         self._probing = False
         if k > 0:
-            # Forget per draft token, not per step, so a run of long accepted drafts does not
-            # outweigh the next few rejections.
-            trials = n_accepted + (1 if n_accepted < k else 0)
-            d = self.decay**trials
             key = self._key
-            succ0, trials0 = self._prior(key)
-            self._succ[key] = d * self._succ.get(key, succ0) + n_accepted
-            self._trials[key] = d * self._trials.get(key, trials0) + trials
+            if self._is_match(key):
+                # Token j of the draft was a trial at size class(size + j - 1); the first
+                # rejected token is the last trial.
+                for j in range(n_accepted + (1 if n_accepted < k else 0)):
+                    self._count(self._size_succ, self._size_trials, (key[1], size_class(key[2] + j)),
+                                start_prior(size_class(key[2] + j)), j < n_accepted, 1)
+            else:
+                # Forget per draft token, not per step, so a run of long accepted drafts does not
+                # outweigh the next few rejections.
+                self._count(self._succ, self._trials, key, 0.5, n_accepted, n_accepted + (1 if n_accepted < k else 0))
             self._state = int(n_accepted == k)
             self._since_draft = 0
         else:
             self._since_draft += 1
+
+    def _count(self, succ: dict, trials: dict, key: tuple, prior: float, hits: float, n: int) -> None:
+        """Add `hits` successes in `n` trials to key's estimate, older evidence (and the prior,
+        worth PRIOR_WEIGHT trials) decaying by `decay` per trial."""
+        d = self.decay**n
+        succ[key] = d * succ.get(key, PRIOR_WEIGHT * prior) + hits
+        trials[key] = d * trials.get(key, PRIOR_WEIGHT) + n
 
     def fallback_note(self) -> str | None:
         """Says so when the policy has been running plain decoding because nothing would pay."""
@@ -193,5 +242,5 @@ class AutoGamma:
             "c": None if self.costs is None else self.costs.c,
             "gamma": self.last_choice,
             "predicted_speedup": self.last_predicted,
-            "t_ratio": {str(k): round(self._t_ratio(k), 3) for k in (2, 3, 5, 9, self.gamma_max + 1)},
+            "t_ratio": {str(k): round(self._t_ratio(k), 3) for k in (2, 3, 5, 9, 17, self._cap() + 1)},
         }

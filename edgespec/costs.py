@@ -36,9 +36,15 @@ import numpy as np
 
 from edgespec import runtime
 from edgespec.runtime import Model
-from edgespec.theory import expected_tokens, walltime_speedup
+from edgespec.theory import expected_tokens, expected_tokens_chain, walltime_speedup
 
-K_MAX = 17  # rows profiled: a draft of up to 16 tokens plus the last committed token
+K_MAX = 17  # rows profiled one by one: a draft of up to 16 tokens plus the last committed token
+# Longer passes, profiled at these row counts only (linear in between): a copy that keeps being
+# accepted is drafted as long as the stored curve pays for, up to GAMMA_MAX tokens. Multiples of 8:
+# where the CPU kernels are cheapest per row on the machines measured (the AMD EPYC's T(K) steps
+# down at every multiple of 8, Gemma-3-270M: T(16) 100 ms, T(17) 121 ms, T(64) 363 ms, T(65) 413 ms).
+LONG_ROWS = (24, 32, 48, 64)
+GAMMA_MAX = LONG_ROWS[-1] - 1
 CONTEXT_AT = 512  # tokens of context before the profiled passes (prompt + output of a typical request)
 PROFILE_VERSION = 2  # how profiles are measured; stored profiles of other versions are measured again
 STALE_FACTOR = 1.6  # stored T(1) this much slower than observed single-token passes: re-measure (the profile is
@@ -174,9 +180,15 @@ class Profile:
 _loaded: weakref.WeakKeyDictionary[Model, Profile] = weakref.WeakKeyDictionary()
 
 
-def profile(model: Model, rows: Sequence[int] = tuple(range(1, K_MAX + 1))) -> Profile:
+def profile_rows(max_rows: int = GAMMA_MAX + 1) -> list[int]:
+    """The row counts a profile holds up to `max_rows`: every one to K_MAX, then LONG_ROWS."""
+    return [k for k in range(1, min(K_MAX, max_rows) + 1)] + [k for k in LONG_ROWS if K_MAX < k <= max_rows]
+
+
+def profile(model: Model, rows: Sequence[int] | None = None) -> Profile:
     """The stored profile of `model` with T(K) for every K in `rows` (measured and stored if missing;
     in exact mode the batch-invariance probe too)."""
+    rows = profile_rows() if rows is None else rows
     prof = _loaded.get(model)
     path = profile_path(model)
     if prof is None:
@@ -210,7 +222,7 @@ class CostModel:
     `for_target`, or from given costs (tests, what-if predictions)."""
 
     def __init__(self, pass_s: dict[int, float], c: float = 0.0, max_rows: int | None = None,
-                 gamma_max: int = K_MAX - 1) -> None:
+                 gamma_max: int = GAMMA_MAX) -> None:
         """pass_s: seconds for some row counts (must include 1); linear in between and extended
         beyond the largest along the last segment's slope."""
         if 1 not in pass_s:
@@ -227,16 +239,22 @@ class CostModel:
             beyond = rows > ks[-1]
             table[beyond] = ts[-1] + slope * (rows[beyond] - ks[-1])
         self._table = table  # [gamma_max + 2] seconds, index = rows
+        # Draft lengths worth considering: every one whose rows are up to K_MAX, beyond that only
+        # where a row count was measured (the curve between sparse points is not known to be
+        # linear: the AMD EPYC's T(25) is 12% above T(24)).
+        self._lengths = [g for g in range(1, gamma_max + 1) if g + 1 <= K_MAX or g + 1 in pass_s]
         self._slope = float(table[-1] - table[-2]) if table.size > 2 else float(table[-1])
         self.c = float(c)
         self.max_rows = max_rows
 
     @classmethod
-    def for_target(cls, target: Model, draft_cost_s: float = 0.0, gamma_max: int = K_MAX - 1) -> CostModel:
+    def for_target(cls, target: Model, draft_cost_s: float = 0.0, gamma_max: int = GAMMA_MAX) -> CostModel:
         """From the stored profile of `target`; draft_cost_s = seconds to draft one token."""
-        prof = profile(target, range(1, gamma_max + 2))
+        rows = profile_rows(gamma_max + 1)
+        prof = profile(target, rows)
         t1 = prof.pass_s[1]
-        return cls(prof.pass_s, draft_cost_s / t1, prof.max_rows if runtime.mode() == "exact" else None, gamma_max)
+        return cls({k: prof.pass_s[k] for k in rows}, draft_cost_s / t1,
+                   prof.max_rows if runtime.mode() == "exact" else None, gamma_max)
 
     def seconds(self, rows: int) -> float:
         """T(rows): seconds of one target pass over `rows` rows (beyond the table, along its last slope)."""
@@ -256,20 +274,41 @@ class CostModel:
         None when drafts are not capped."""
         return None if self.max_rows is None else max(0, self.max_rows - 1)
 
-    def speedup(self, alpha: float, gamma: int, c: float | None = None) -> float:
-        """Predicted speedup over plain decoding of drafting `gamma` tokens at acceptance alpha."""
+    def speedup(self, alpha: float | Sequence[float], gamma: int, c: float | None = None) -> float:
+        """Predicted speedup over plain decoding of drafting `gamma` tokens at acceptance alpha, or
+        at per-position acceptances alpha[j-1] (token j given 1..j-1 accepted; theory.expected_tokens_chain)."""
         if gamma <= 0:
             return 1.0
-        return walltime_speedup(alpha, gamma, self.c if c is None else c, self.t_ratio(gamma + 1))
+        c = self.c if c is None else c
+        if isinstance(alpha, (int, float)):
+            return walltime_speedup(alpha, gamma, c, self.t_ratio(gamma + 1))
+        return expected_tokens_chain(alpha, gamma) / (gamma * c + self.t_ratio(gamma + 1))
 
-    def best_gamma(self, alpha: float, gamma_max: int | None = None, c: float | None = None) -> tuple[int, float]:
-        """The draft length in [0, min(gamma_max, draft_cap)] with the highest predicted speedup."""
+    def best_gamma(self, alpha: float | Sequence[float], gamma_max: int | None = None,
+                   c: float | None = None) -> tuple[int, float]:
+        """The draft length in [0, min(gamma_max, draft_cap)] with the highest predicted speedup
+        (alpha: one acceptance rate, or per-position acceptances as for `speedup`)."""
         cap = self.gamma_max if gamma_max is None else gamma_max
         if self.draft_cap is not None:
             cap = min(cap, self.draft_cap)
         best, best_s = 0, 1.0
-        for g in range(1, cap + 1):
-            s = self.speedup(alpha, g, c)
+        lengths = [g for g in self._lengths if g <= cap]
+        if isinstance(alpha, (int, float)):
+            for g in lengths:
+                s = self.speedup(alpha, g, c)
+                if s > best_s:
+                    best, best_s = g, s
+            return best, best_s
+        c = self.c if c is None else c
+        tokens, p, done = 1.0, 1.0, 0  # expected_tokens_chain, accumulated along the draft
+        for g in lengths:
+            if g > len(alpha):
+                break
+            for a in alpha[done:g]:
+                p *= a
+                tokens += p
+            done = g
+            s = tokens / (g * c + self.t_ratio(g + 1))
             if s > best_s:
                 best, best_s = g, s
         return best, best_s

@@ -6,7 +6,7 @@ rows in one target pass relative to decoding one token (1 in the paper's idealis
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -16,6 +16,17 @@ def expected_tokens(alpha: float, gamma: int) -> float:
     if alpha >= 1.0:
         return float(gamma + 1)
     return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def expected_tokens_chain(alphas: Sequence[float], gamma: int) -> float:
+    """E[tokens per target call] when draft token j is accepted with probability alphas[j-1] given
+    that tokens 1..j-1 were: 1 + sum_j prod_{i<=j} alphas[i-1] (Eq. 1 when every alphas[j] = alpha).
+    For drafts whose later tokens are likelier to be right once the earlier ones were (a copy)."""
+    total, p = 1.0, 1.0
+    for a in alphas[:gamma]:
+        p *= a
+        total += p
+    return total
 
 
 def walltime_speedup(alpha: float, gamma: int, c: float, t_ratio: float = 1.0) -> float:

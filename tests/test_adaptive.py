@@ -224,12 +224,50 @@ def test_a_long_match_is_drafted_at_once_where_verification_is_dear():
     assert chosen[0] >= 7 and sum(k > 0 for k in chosen[-20:]) <= 3  # only the odd probe
 
 
-def test_match_prior_is_monotone_and_steps_down_to_the_tabled_size():
-    from edgespec.adaptive import MATCH_PRIOR, match_prior
+def test_match_prior_steps_down_to_the_tabled_size_and_short_matches_start_uninformed():
+    from edgespec.adaptive import MATCH_PRIOR, PRIOR_MIN_MATCH, match_prior, size_class, start_prior
 
-    sizes = sorted(MATCH_PRIOR)
-    assert all(MATCH_PRIOR[a] <= MATCH_PRIOR[b] for a, b in zip(sizes, sizes[1:], strict=False))
-    assert match_prior(5) == MATCH_PRIOR[4] and match_prior(40) == MATCH_PRIOR[16] and match_prior(0) == 0.5
+    assert match_prior(5) == MATCH_PRIOR[4] and match_prior(40) == MATCH_PRIOR[32] and match_prior(0) == 0.5
+    assert size_class(100) == max(MATCH_PRIOR) and size_class(0) == 0
+    assert MATCH_PRIOR[1] < MATCH_PRIOR[4] < MATCH_PRIOR[16] < MATCH_PRIOR[64]
+    assert start_prior(PRIOR_MIN_MATCH - 1) == 0.5 and start_prior(16) == MATCH_PRIOR[16]
+
+
+def test_chain_acceptance_generalises_the_geometric_formula():
+    """Per-position acceptance that is the same everywhere gives the paper's E and the same choice;
+    acceptance that grows along the draft (a copy) pays for a longer draft than its first token's."""
+    from edgespec import theory
+
+    assert theory.expected_tokens_chain([0.8] * 7, 7) == pytest.approx(theory.expected_tokens(0.8, 7))
+    cm = costs(0.15)
+    assert cm.best_gamma([0.8] * 16) == pytest.approx(cm.best_gamma(0.8))
+    growing = [0.6, 0.85, 0.9, 0.95] + [0.99] * 12
+    assert cm.best_gamma(growing)[0] > cm.best_gamma(0.6)[0]
+
+
+def test_long_drafts_only_at_profiled_row_counts():
+    """Beyond K_MAX rows only the measured row counts are candidates (no trust in interpolation),
+    and a copy accepted in full is drafted as long as the curve pays for."""
+    pass_s = {k: 0.015 + 0.005 * (k - 1) for k in range(1, costs_mod.K_MAX + 1)}
+    pass_s.update({24: 0.13, 32: 0.16, 64: 0.30})
+    cm = CostModel(pass_s, gamma_max=63)
+    assert cm.best_gamma(1.0)[0] == 63
+    for alpha in (0.9, 0.97, 0.99, 0.999):
+        g = cm.best_gamma([alpha] * 63)[0]
+        assert g <= costs_mod.K_MAX - 1 or g + 1 in pass_s
+    assert costs_mod.profile_rows(40) == [*range(1, costs_mod.K_MAX + 1), 24, 32]
+
+
+def test_a_short_match_that_keeps_copying_is_drafted_longer():
+    """Acceptance is kept by the size a match has grown to: once 4-token matches have been copied
+    in full a few times, the next 4-token match is drafted past its first few tokens."""
+    cm = CostModel({1: 0.0155, 2: 0.026, 4: 0.034, 8: 0.052, 9: 0.073, 16: 0.091, 17: 0.112})
+    policy = auto(cm)
+    first = policy.choose(4)
+    for _ in range(6):
+        k = policy.choose(4) or 3
+        policy.observe(k, k)
+    assert policy.choose(4) >= 7 and policy.choose(4) > first
 
 
 def test_profile_passes_run_after_real_context(smollm2_path):

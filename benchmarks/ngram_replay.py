@@ -1,0 +1,249 @@
+"""Replay the n-gram drafter and gamma auto over recorded greedy generations, without the model.
+
+    .venv/bin/python -m benchmarks.ngram_replay [--target gemma3-270m] [--grounded 8] [--open 2]
+
+Greedy decoding makes speculation's outcome a function of the tokens alone: a draft is accepted up
+to its first token that differs from what plain decoding produced. So one plain generation per
+prompt (cached under the EdgeSpec cache, keyed by model, prompts and length) is enough to replay
+any draft policy step by step, pricing each target pass with the machine's stored profile T(K).
+This is how gamma auto's n-gram policy is designed and checked quickly; the bench's timed runs
+remain the measurement (near-tie divergence and timing noise are not modelled here).
+
+Prompts are ones the bench does not use: Spec-Bench's grounded categories (summarization, RAG,
+extraction) after each category's first five, the code edits after the first two, and a few
+open-ended ones. Prints:
+  - P(draft token j accepted | tokens 1..j-1 accepted, match size h): how acceptance grows along a
+    draft copied from a match (a draft that has been right so far is copying a longer match);
+  - per prompt and overall, the replayed speedup of each policy over plain decoding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import statistics
+import sys
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+
+from benchmarks.suite import load_suite, resolve_framing, shipped_suites
+from edgespec.adaptive import AutoGamma, size_class
+from edgespec.costs import CostModel
+from edgespec.drafters.ngram import NgramDrafter
+from edgespec.firstrun import cache_dir
+from edgespec.loader import RuntimeOptions
+from edgespec.session import Request, Session, frame
+
+GROUNDED = ("summarization", "rag", "extraction", "code_edit")
+OPEN = ("writing", "roleplay", "reasoning", "math", "coding", "stem", "humanities", "qa", "translation")
+J_MAX = 64  # draft positions tabled
+
+
+def held_out(grounded: int, open_ended: int) -> list:
+    by_cat: dict[str, list] = defaultdict(list)
+    for suite in ("spec_bench", "code_edit"):
+        for pr in load_suite(shipped_suites()[suite]):
+            by_cat[pr.category].append(pr)
+    skip = {"code_edit": 2}
+    out = []
+    for cat, ps in by_cat.items():
+        n = grounded if cat in GROUNDED else open_ended if any(cat.startswith(o) for o in OPEN) else 0
+        out += ps[skip.get(cat, 5):][:n]
+    return out
+
+
+def bench_prompts() -> list:
+    """The bench's grounded prompts (for checking a policy designed on the held-out ones)."""
+    by_cat: dict[str, list] = defaultdict(list)
+    for suite in ("spec_bench", "code_edit"):
+        for pr in load_suite(shipped_suites()[suite]):
+            by_cat[pr.category].append(pr)
+    return [p for cat in GROUNDED for p in by_cat[cat][:2]]
+
+
+def record(target: str, prompts: Sequence, max_tokens: int) -> list[dict]:
+    """[{id, category, prompt: [tokens], out: [tokens]}] from plain greedy generations (cached)."""
+    key = hashlib.sha256(json.dumps([target, [p.id for p in prompts], max_tokens]).encode()).hexdigest()[:16]
+    path = cache_dir() / "derived" / f"ngram-replay-{key}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    session = Session.load(target, RuntimeOptions())
+    rows = []
+    try:
+        framing = resolve_framing(session.target, "auto")
+        for i, pr in enumerate(prompts):
+            req = Request(text=pr.text, framing=framing, draft="none", max_tokens=max_tokens)
+            prompt = frame(session.target, req).tokens
+            out = session.run(req).tokens
+            rows.append({"id": pr.id, "category": pr.category, "prompt": list(prompt), "out": list(out)})
+            print(f"[{i + 1}/{len(prompts)}] {pr.id} ({pr.category}): {len(out)} tokens", file=sys.stderr)
+    finally:
+        session.close()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rows))
+    return rows
+
+
+def accepted_prefix(draft: Sequence[int], truth: Sequence[int]) -> int:
+    n = 0
+    for a, b in zip(draft, truth, strict=False):
+        if int(a) != int(b):
+            break
+        n += 1
+    return n
+
+
+def chain_table(rows: list[dict]) -> dict[int, list[list[int]]]:
+    """{match size h: [[accepted, reached] for j = 1..J_MAX]}: at every generated position, the
+    drafter's J_MAX-token proposal against what plain decoding produced next."""
+    table: dict[int, list[list[int]]] = defaultdict(lambda: [[0, 0] for _ in range(J_MAX)])
+    for r in rows:
+        d = NgramDrafter()
+        d.begin(r["prompt"])
+        ctx = list(r["prompt"])
+        out = r["out"]
+        for t, tok in enumerate(out):
+            h = d.hint(ctx)
+            if h:
+                prop = d.propose(ctx, J_MAX).tokens.tolist()
+                truth = out[t : t + J_MAX]
+                m = min(len(prop), len(truth))
+                n_acc = accepted_prefix(prop[:m], truth[:m])
+                for j in range(min(n_acc + 1, m)):
+                    table[h][j][1] += 1
+                    table[h][j][0] += j < n_acc
+            ctx.append(tok)
+            d.commit(ctx, 0)
+    return table
+
+
+def replay(row: dict, policy: AutoGamma, costs: CostModel, d: NgramDrafter) -> dict:
+    """Run the engine's loop over one recorded generation: choose, propose, fit, verify (greedy:
+    the accepted prefix), observe; each target pass costs the profile's T(k+1)."""
+    d.begin(row["prompt"])
+    policy.start(costs)
+    ctx = list(row["prompt"])
+    out = row["out"]
+    done, seconds, calls, hist = 0, 0.0, 0, defaultdict(int)
+    while done < len(out):
+        remaining = len(out) - done
+        g = max(0, min(policy.choose(d.hint(ctx)), remaining - 1))
+        draft: list[int] = []
+        if g > 0:
+            draft = d.propose(ctx, g).tokens.tolist()
+            if 0 < len(draft) < g:
+                draft = draft[: policy.fit(len(draft))]
+        if getattr(policy, "oracle", False):  # an upper bound: only what will be accepted
+            draft = draft[: accepted_prefix(draft, out[done:])]
+        k = len(draft)
+        n_acc = accepted_prefix(draft, out[done:])
+        seconds += costs.seconds(k + 1)
+        calls += 1
+        hist[k] += 1
+        policy.observe(k, n_acc)
+        new = out[done : done + n_acc + 1]
+        ctx += new
+        done += len(new)
+        d.commit(ctx, n_acc)
+    return {"speedup": len(out) * costs.seconds(1) / seconds, "calls": calls, "gamma_hist": dict(hist)}
+
+
+class Fixed:
+    """Draft `gamma` tokens whenever the drafter has a match (no policy), for reference."""
+
+    def __init__(self, gamma: int) -> None:
+        self.gamma = gamma
+
+    def start(self, costs: CostModel | None) -> None:
+        pass
+
+    def choose(self, hint: int | None) -> int:
+        return self.gamma if hint else 0
+
+    def fit(self, available: int) -> int:
+        return available
+
+    def observe(self, k: int, n_accepted: int) -> None:
+        pass
+
+
+Variant = Callable[[], tuple[AutoGamma, CostModel, NgramDrafter]]  # a fresh policy, its costs, a drafter
+
+
+def compare(rows: list[dict], variants: dict[str, Variant]) -> None:
+    names = list(variants)
+    print("| prompt | tokens | " + " | ".join(names) + " |")
+    print("|---|---|" + "---|" * len(names))
+    by_group: dict[str, dict[str, list[float]]] = {"grounded": defaultdict(list), "open": defaultdict(list)}
+    for r in rows:
+        cells = []
+        group = "grounded" if r["category"] in GROUNDED else "open"
+        for name in names:
+            res = replay(r, *variants[name]())
+            by_group[group][name].append(res["speedup"])
+            cells.append(f"{res['speedup']:.2f}x")
+        print(f"| {r['category']} {r['id']} | {len(r['out'])} | " + " | ".join(cells) + " |")
+    for group, res in by_group.items():
+        if not res:
+            continue
+        print(f"\n{group}: " + ", ".join(
+            f"{n} median {statistics.median(v):.3f}x min {min(v):.2f}x" for n, v in res.items()))
+        if len(names) > 1:
+            base = res[names[0]]
+            for n in names[1:]:
+                ratios = [b / a for a, b in zip(base, res[n], strict=True)]
+                print(f"  {n} / {names[0]}: median {statistics.median(ratios):.3f}, min {min(ratios):.3f}, "
+                      f"max {max(ratios):.3f}")
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.ngram_replay")
+    ap.add_argument("--target", default="gemma3-270m")
+    ap.add_argument("--grounded", type=int, default=8, help="prompts per grounded category")
+    ap.add_argument("--open", type=int, default=2, help="prompts per open-ended category")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--table", action="store_true", help="print the acceptance-chain table")
+    ap.add_argument("--fixed", default="", help="also replay fixed draft lengths, e.g. 7,15")
+    ap.add_argument("--bench-prompts", action="store_true",
+                    help="replay the bench's grounded prompts instead (check, not design)")
+    args = ap.parse_args(argv)
+    prompts = bench_prompts() if args.bench_prompts else held_out(args.grounded, args.open)
+    rows = record(args.target, prompts, args.max_tokens)
+    if args.table:
+        table = chain_table(rows)
+        print("P(token j accepted | 1..j-1 accepted) by match size h (reached in brackets)\n")
+        print("| h | " + " | ".join(f"j={j + 1}" for j in range(8)) + " |")
+        print("|---|" + "---|" * 8)
+        for h in sorted(table):
+            cells = [f"{a / t:.2f} ({t})" if t else "" for a, t in table[h][:8]]
+            print(f"| {h} | " + " | ".join(cells) + " |")
+        print("\nPooled by the size the match had grown to (h + j - 1, by size class): adaptive.MATCH_PRIOR\n")
+        pooled: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+        for h, cells in table.items():
+            for j, (a, t) in enumerate(cells):
+                cls = size_class(h + j)
+                pooled[cls][0] += a
+                pooled[cls][1] += t
+        print("| size | accepted | tested | P(accepted) |\n|---|---|---|---|")
+        for n in sorted(pooled):
+            a, t = pooled[n]
+            print(f"| {n} | {a} | {t} | {a / t:.3f} |")
+        print()
+    session = Session.load(args.target, RuntimeOptions())
+    try:
+        costs = CostModel.for_target(session.target)
+    finally:
+        session.close()
+    variants: dict[str, Variant] = {
+        "auto": lambda: (AutoGamma(), costs, NgramDrafter()),
+        "auto, drafts <= 16": lambda: (AutoGamma(gamma_max=16), costs, NgramDrafter()),
+    }
+    for g in (int(x) for x in args.fixed.split(",") if x.strip()):
+        variants[f"gamma {g}"] = lambda g=g: (Fixed(g), costs, NgramDrafter())
+    compare(rows, variants)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
