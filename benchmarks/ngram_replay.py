@@ -118,9 +118,11 @@ def chain_table(rows: list[dict]) -> dict[int, list[list[int]]]:
     return table
 
 
-def replay(row: dict, policy: AutoGamma, costs: CostModel, d: NgramDrafter) -> dict:
+def replay(row: dict, policy: AutoGamma, costs: CostModel, d: NgramDrafter,
+           branch: Callable[[list[int], list[int], int], None] | None = None) -> dict:
     """Run the engine's loop over one recorded generation: choose, propose, fit, verify (greedy:
-    the accepted prefix), observe; each target pass costs the profile's T(k+1)."""
+    the accepted prefix), observe; each target pass costs the profile's T(k+1). `branch(context,
+    draft, n_accepted)` is told of every drafted step (for the second-candidate analysis)."""
     d.begin(row["prompt"])
     policy.start(costs)
     ctx = list(row["prompt"])
@@ -134,10 +136,10 @@ def replay(row: dict, policy: AutoGamma, costs: CostModel, d: NgramDrafter) -> d
             draft = d.propose(ctx, g).tokens.tolist()
             if 0 < len(draft) < g:
                 draft = draft[: policy.fit(len(draft))]
-        if getattr(policy, "oracle", False):  # an upper bound: only what will be accepted
-            draft = draft[: accepted_prefix(draft, out[done:])]
         k = len(draft)
         n_acc = accepted_prefix(draft, out[done:])
+        if branch is not None and k:
+            branch(ctx, draft, n_acc)
         seconds += costs.seconds(k + 1)
         calls += 1
         hist[k] += 1
@@ -147,6 +149,57 @@ def replay(row: dict, policy: AutoGamma, costs: CostModel, d: NgramDrafter) -> d
         done += len(new)
         d.commit(ctx, n_acc)
     return {"speedup": len(out) * costs.seconds(1) / seconds, "calls": calls, "gamma_hist": dict(hist)}
+
+
+def alternative(context: list[int], size: int, first: int, m: int) -> list[int]:
+    """A second candidate: what followed the latest other occurrence of the last `size` tokens
+    whose next token differs from `first` (the first candidate's), up to m tokens; [] if none."""
+    tail = context[len(context) - size :]
+    for end in range(len(context) - 1, size - 1, -1):
+        if context[end] != first and context[end - size : end] == tail:
+            return context[end : end + m]
+    return []
+
+
+def second_candidates(rows: list[dict], costs: CostModel, lengths: Sequence[int] = (1, 3, 7)) -> None:
+    """Would a second candidate continuation, verified in the same pass (a branch of m more rows
+    with its own sequence id), pay? On every step gamma auto drafted and where the draft was
+    rejected, the best case for a branch: it starts exactly at the rejected position (a real tree
+    does not know that position and must spread its rows) and copies another occurrence of the
+    match there that proposes a different token. It pays only if the tokens it gains per extra
+    T(1) of rows beat the tokens per T(1) that speculation already gets."""
+    print("\nSecond candidate in the same pass (m more rows on every drafted step, branching at the rejected "
+          "position: an upper bound):\n")
+    print("| m | drafted steps | rejected | a branch exists | branch right | tokens gained | "
+          "extra cost, T(1)s | gained per T(1) | current tokens per T(1) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for m in lengths:
+        stats = {"steps": 0, "rejected": 0, "offered": 0, "right": 0, "gained": 0, "extra": 0.0}
+
+        def branch(ctx: list[int], draft: list[int], n_acc: int, row: dict, m: int = m, stats: dict = stats) -> None:
+            stats["steps"] += 1
+            stats["extra"] += (costs.seconds(len(draft) + 1 + m) - costs.seconds(len(draft) + 1)) / costs.seconds(1)
+            if n_acc == len(draft):
+                return
+            stats["rejected"] += 1
+            at = ctx + draft[:n_acc]
+            d = NgramDrafter()
+            d.begin(at)
+            alt = alternative(at, d.hint(at), draft[n_acc], m)
+            truth = row["out"][len(at) - len(row["prompt"]) :]
+            stats["offered"] += bool(alt)
+            got = accepted_prefix(alt, truth)
+            stats["right"] += got > 0
+            stats["gained"] += got
+
+        tokens = cost = 0.0
+        for r in rows:
+            res = replay(r, AutoGamma(), costs, NgramDrafter(), lambda c, d, n, r=r, f=branch: f(c, d, n, r))
+            tokens += len(r["out"])
+            cost += len(r["out"]) / res["speedup"]
+        per = stats["gained"] / stats["extra"] if stats["extra"] else 0.0
+        print(f"| {m} | {stats['steps']} | {stats['rejected']} | {stats['offered']} | {stats['right']} | "
+              f"{stats['gained']} | {stats['extra']:.0f} | {per:.2f} | {tokens / cost:.2f} |")
 
 
 class Fixed:
@@ -205,6 +258,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--table", action="store_true", help="print the acceptance-chain table")
     ap.add_argument("--fixed", default="", help="also replay fixed draft lengths, e.g. 7,15")
+    ap.add_argument("--branches", action="store_true", help="would a second candidate branch pay?")
     ap.add_argument("--bench-prompts", action="store_true",
                     help="replay the bench's grounded prompts instead (check, not design)")
     args = ap.parse_args(argv)
@@ -242,6 +296,8 @@ def main(argv: list[str]) -> int:
     for g in (int(x) for x in args.fixed.split(",") if x.strip()):
         variants[f"gamma {g}"] = lambda g=g: (Fixed(g), costs, NgramDrafter())
     compare(rows, variants)
+    if args.branches:
+        second_candidates(rows, costs)
     return 0
 
 
