@@ -520,7 +520,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--reference", action="append", default=[], metavar="llama.cpp:TYPE,...",
                     help="also run llama.cpp's own speculation (llama-speculative-simple, built by "
                     "scripts/build_reference.sh) with these n-gram types: " + ",".join(llamacpp.SPEC_TYPES))
-    ap.add_argument("--reference-draft-max", type=int, default=16, help="llama.cpp's --spec-draft-n-max (default 16)")
+    ap.add_argument("--reference-draft-max", type=int, default=16,
+                    help="llama.cpp's --spec-draft-n-max (default 16; its n-gram types draft with their own lengths)")
     ap.add_argument("--out", default=None, help="output folder (results.json, report.md, plots)")
     ap.add_argument("--verify-cost", action="store_true", help="measure T(K)/T(1) for K = 1..--max-k and the speedup ceiling")
     ap.add_argument("--max-k", type=int, default=32, help="largest K for --verify-cost (default 32)")

@@ -10,6 +10,9 @@ One run = one process: the prompt's tokens go in as text (special tokens written
 tokenizes with parse_special and adds BOS, and the count it reports is checked against ours), greedy
 sampling, the same threads, context and flash-attention setting. Tokens/s is the program's own
 "decoded N tokens in S seconds" (time after the prompt pass, like the engine's `Stats.decode_s`).
+The n-gram types draft with their own defaults, not --spec-draft-n-max (the program applies that to
+draft models): up to 48 tokens after a 12-token key (ngram-simple, ngram-map-k), 48-64 after a
+24-token match (ngram-mod), truncated only by what is left of -n.
 With Gemma 3 (a sliding-window cache, which cannot drop single positions) the program verifies
 through state checkpoints: it may then generate past `-n` (it finishes a restored draft first) and
 its n_drafted/n_accept counters leave those steps out, so its rate is the measure, not its counts.
