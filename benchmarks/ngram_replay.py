@@ -272,7 +272,7 @@ def main(argv: list[str]) -> int:
         for h in sorted(table):
             cells = [f"{a / t:.2f} ({t})" if t else "" for a, t in table[h][:8]]
             print(f"| {h} | " + " | ".join(cells) + " |")
-        print("\nPooled by the size the match had grown to (h + j - 1, by size class): adaptive.MATCH_PRIOR\n")
+        print("\nPooled by the size the match had grown to (h + j - 1, by size class): adaptive.MEASURED_PRIORS\n")
         pooled: dict[int, list[int]] = defaultdict(lambda: [0, 0])
         for h, cells in table.items():
             for j, (a, t) in enumerate(cells):

@@ -23,26 +23,36 @@ import bisect
 from edgespec.costs import CostModel
 from edgespec.drafters import Hint
 
-# P(a token copied from an n-gram match is accepted | size of the match), greedy. Measured by
-# `python -m benchmarks.ngram_replay --table --target T` on 45 Spec-Bench and code-edit prompts the
-# bench does not use (128 tokens each; pooled over draft positions as below), for both bundled
-# targets; this is the lower of the two at every size, which is SmolLM2-135M's everywhere
-# (Gemma-3-270M: 0.36, 0.55, 0.65, 0.86, 0.92, 0.95, 0.94, 0.98, 0.99, ...). A prior that is too
-# high costs more than one too low: Gemma's table made SmolLM2 12% slower on the bench's prompts
-# (its failed drafts are dearer: T(16)/T(1) 8.0), SmolLM2's costs Gemma 3-4% before it learns.
+# P(a token copied from an n-gram match is accepted | size of the match), greedy, per target: the
+# prior gamma auto starts each generation from. Measured by `python -m benchmarks.ngram_replay
+# --table --target T` on 45 Spec-Bench and code-edit prompts the bench does not use (128 tokens
+# each; pooled over draft positions as below), keyed by weights file name.
 # A draft copies on from its match, so once its first j-1 tokens were right, its j-th token continues
 # a match of size h+j-1: acceptance along a draft is read at growing sizes. The replay's chain table
 # bears that out (Gemma: from a 1-token match, the 4th token of a draft that was right so far is
 # right 80% of the time, like a 4-token match's first), and it is why a copy can be drafted long.
-# Gamma auto learns acceptance per size class within a generation, starting from this table, worth
-# PRIOR_WEIGHT drafted tokens, from PRIOR_MIN_MATCH up. Below it a size starts uninformed (0.5):
-# the first token of a short match is right less often than a whole draft needs (two failed 4-row
-# drafts made a 9-token summary 0.80x on the AMD EPYC).
-MATCH_PRIOR = {1: 0.212, 2: 0.490, 3: 0.618, 4: 0.747, 6: 0.768, 8: 0.870, 12: 0.935, 16: 0.960, 24: 0.978,
-               32: 0.987, 48: 0.983, 64: 0.991}
+MEASURED_PRIORS = {
+    "gemma-3-270m-q4_k_m.gguf": {1: 0.355, 2: 0.546, 3: 0.647, 4: 0.860, 6: 0.916, 8: 0.952, 12: 0.944, 16: 0.984,
+                                 24: 0.992, 32: 0.994, 48: 0.994, 64: 0.996},
+    "SmolLM2-135M-Instruct.Q4_1.gguf": {1: 0.212, 2: 0.490, 3: 0.618, 4: 0.747, 6: 0.768, 8: 0.870, 12: 0.935,
+                                        16: 0.960, 24: 0.978, 32: 0.987, 48: 0.983, 64: 0.991},
+}
+# Any other target starts from the lowest of the measured tables at each size: a prior that is too
+# high costs more than one too low (in replay, Gemma's table made SmolLM2 12% slower on the bench's
+# prompts, whose failed drafts are dearer, T(16)/T(1) 8.0; SmolLM2's costs Gemma 3-4%).
+MATCH_PRIOR = {n: min(t[n] for t in MEASURED_PRIORS.values()) for n in next(iter(MEASURED_PRIORS.values()))}
 _SIZES = sorted(MATCH_PRIOR)
+# Gamma auto learns acceptance per size class within a generation, starting from the target's
+# table, worth PRIOR_WEIGHT drafted tokens, from PRIOR_MIN_MATCH up. Below it a size starts
+# uninformed (0.5): the first token of a short match is right less often than a whole draft needs
+# (two failed 4-row drafts made a 9-token summary 0.80x on the AMD EPYC).
 PRIOR_WEIGHT = 2.0
 PRIOR_MIN_MATCH = 6
+
+
+def prior_table(target_file: str | None) -> dict[int, float]:
+    """The measured table for a target's weights file, else the conservative MATCH_PRIOR."""
+    return MEASURED_PRIORS.get(target_file or "", MATCH_PRIOR)
 
 
 def size_class(size: int) -> int:
@@ -51,15 +61,15 @@ def size_class(size: int) -> int:
     return _SIZES[i - 1] if i else 0
 
 
-def match_prior(size: int) -> float:
-    """MATCH_PRIOR at `size` (the largest tabled size not above it), 0.5 for sizes below the table."""
-    return MATCH_PRIOR.get(size_class(size), 0.5)
+def match_prior(size: int, table: dict[int, float] = MATCH_PRIOR) -> float:
+    """`table` at `size` (the largest tabled size not above it), 0.5 for sizes below the table."""
+    return table.get(size_class(size), 0.5)
 
 
-def start_prior(size: int) -> float:
+def start_prior(size: int, table: dict[int, float] = MATCH_PRIOR) -> float:
     """What gamma auto expects of a copied token before anything was observed at its size: the
     measured acceptance from PRIOR_MIN_MATCH up, an uninformed 0.5 below."""
-    return match_prior(size) if size >= PRIOR_MIN_MATCH else 0.5
+    return match_prior(size, table) if size >= PRIOR_MIN_MATCH else 0.5
 
 
 class AutoGamma:
@@ -88,6 +98,7 @@ class AutoGamma:
     def start(self, costs: CostModel | None) -> None:
         """A new generation: forget acceptance (the previous text says little about the next)."""
         self.costs = costs
+        self._table = prior_table(costs.target_file if costs is not None else None)
         # Acceptance as a geometric process: successes = accepted drafts, trials = accepted +
         # rejections; alpha_hat = successes / trials (MLE), with a weak prior of 0.5. Kept per
         # context: per outcome of the last draft (drafts come in runs: a model copying its input
@@ -119,7 +130,7 @@ class AutoGamma:
     def _size_alpha(self, source: str, size: int) -> float:
         cls = size_class(size)
         k = (source, cls)
-        prior = start_prior(cls)
+        prior = start_prior(cls, self._table)
         return self._size_succ.get(k, PRIOR_WEIGHT * prior) / self._size_trials.get(k, PRIOR_WEIGHT)
 
     def _alphas(self) -> float | list[float]:
@@ -212,7 +223,7 @@ class AutoGamma:
                 # rejected token is the last trial.
                 for j in range(n_accepted + (1 if n_accepted < k else 0)):
                     self._count(self._size_succ, self._size_trials, (key[1], size_class(key[2] + j)),
-                                start_prior(size_class(key[2] + j)), j < n_accepted, 1)
+                                start_prior(size_class(key[2] + j), self._table), j < n_accepted, 1)
             else:
                 # Forget per draft token, not per step, so a run of long accepted drafts does not
                 # outweigh the next few rejections.

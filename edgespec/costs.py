@@ -246,6 +246,7 @@ class CostModel:
         self._slope = float(table[-1] - table[-2]) if table.size > 2 else float(table[-1])
         self.c = float(c)
         self.max_rows = max_rows
+        self.target_file: str | None = None  # the weights file's name (for_target): gamma auto's prior
 
     @classmethod
     def for_target(cls, target: Model, draft_cost_s: float = 0.0, gamma_max: int = GAMMA_MAX) -> CostModel:
@@ -253,8 +254,10 @@ class CostModel:
         rows = profile_rows(gamma_max + 1)
         prof = profile(target, rows)
         t1 = prof.pass_s[1]
-        return cls({k: prof.pass_s[k] for k in rows}, draft_cost_s / t1,
-                   prof.max_rows if runtime.mode() == "exact" else None, gamma_max)
+        model = cls({k: prof.pass_s[k] for k in rows}, draft_cost_s / t1,
+                    prof.max_rows if runtime.mode() == "exact" else None, gamma_max)
+        model.target_file = Path(target.path).name
+        return model
 
     def seconds(self, rows: int) -> float:
         """T(rows): seconds of one target pass over `rows` rows (beyond the table, along its last slope)."""

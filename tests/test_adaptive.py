@@ -233,6 +233,20 @@ def test_match_prior_steps_down_to_the_tabled_size_and_short_matches_start_uninf
     assert start_prior(PRIOR_MIN_MATCH - 1) == 0.5 and start_prior(16) == MATCH_PRIOR[16]
 
 
+def test_each_bundled_target_starts_from_its_own_table_and_others_from_the_lowest():
+    from edgespec.adaptive import MATCH_PRIOR, MEASURED_PRIORS, prior_table
+
+    assert all(MATCH_PRIOR[n] == min(t[n] for t in MEASURED_PRIORS.values()) for n in MATCH_PRIOR)
+    assert prior_table("unknown.gguf") is MATCH_PRIOR and prior_table(None) is MATCH_PRIOR
+    cm = CostModel({1: 0.0155, 2: 0.026, 4: 0.034, 8: 0.052, 9: 0.073, 16: 0.091, 17: 0.112})
+    first = {}
+    for name in ("gemma-3-270m-q4_k_m.gguf", "SmolLM2-135M-Instruct.Q4_1.gguf", "other.gguf"):
+        cm.target_file = name
+        first[name] = auto(cm).choose(6)
+    # Gemma copies better than SmolLM2: its first 6-token match is drafted longer
+    assert first["gemma-3-270m-q4_k_m.gguf"] > first["SmolLM2-135M-Instruct.Q4_1.gguf"] == first["other.gguf"]
+
+
 def test_chain_acceptance_generalises_the_geometric_formula():
     """Per-position acceptance that is the same everywhere gives the paper's E and the same choice;
     acceptance that grows along the draft (a copy) pays for a longer draft than its first token's."""
