@@ -27,7 +27,7 @@ import sys
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
-from benchmarks.suite import load_suite, resolve_framing, shipped_suites
+from benchmarks.suite import GROUNDED, grounded_prompts, load_suite, resolve_framing, shipped_suites
 from edgespec.adaptive import AutoGamma, size_class
 from edgespec.costs import CostModel
 from edgespec.drafters.ngram import NgramDrafter
@@ -35,7 +35,6 @@ from edgespec.firstrun import cache_dir
 from edgespec.loader import RuntimeOptions
 from edgespec.session import Request, Session, frame
 
-GROUNDED = ("summarization", "rag", "extraction", "code_edit")
 OPEN = ("writing", "roleplay", "reasoning", "math", "coding", "stem", "humanities", "qa", "translation")
 J_MAX = 64  # draft positions tabled
 
@@ -51,15 +50,6 @@ def held_out(grounded: int, open_ended: int) -> list:
         n = grounded if cat in GROUNDED else open_ended if any(cat.startswith(o) for o in OPEN) else 0
         out += ps[skip.get(cat, 5):][:n]
     return out
-
-
-def bench_prompts() -> list:
-    """The bench's grounded prompts (for checking a policy designed on the held-out ones)."""
-    by_cat: dict[str, list] = defaultdict(list)
-    for suite in ("spec_bench", "code_edit"):
-        for pr in load_suite(shipped_suites()[suite]):
-            by_cat[pr.category].append(pr)
-    return [p for cat in GROUNDED for p in by_cat[cat][:2]]
 
 
 def record(target: str, prompts: Sequence, max_tokens: int) -> list[dict]:
@@ -262,7 +252,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--bench-prompts", action="store_true",
                     help="replay the bench's grounded prompts instead (check, not design)")
     args = ap.parse_args(argv)
-    prompts = bench_prompts() if args.bench_prompts else held_out(args.grounded, args.open)
+    prompts = grounded_prompts() if args.bench_prompts else held_out(args.grounded, args.open)
     rows = record(args.target, prompts, args.max_tokens)
     if args.table:
         table = chain_table(rows)

@@ -15,22 +15,10 @@ import statistics
 import sys
 from collections import defaultdict
 
-from benchmarks.suite import load_suite, resolve_framing, shipped_suites
+from benchmarks.suite import grounded_prompts, resolve_framing
 from edgespec import costs
 from edgespec.loader import RuntimeOptions
 from edgespec.session import Request, Session
-
-GROUNDED = ("summarization", "rag", "extraction")
-
-
-def grounded_prompts(per_category: int = 2) -> list:
-    out = []
-    seen: dict[str, int] = defaultdict(int)
-    for pr in load_suite(shipped_suites()["spec_bench"]):
-        if pr.category in GROUNDED and seen[pr.category] < per_category:
-            seen[pr.category] += 1
-            out.append(pr)
-    return out + load_suite(shipped_suites()["code_edit"])[:per_category]
 
 
 def main(argv: list[str]) -> int:

@@ -148,3 +148,13 @@ def resolve_framing(model: Model, framing: str) -> str:
     if framing == "auto":
         return "chat" if model.chat_template() else "qa"
     return framing
+
+
+GROUNDED = ("summarization", "rag", "extraction", "code_edit")
+
+
+def grounded_prompts(per_category: int = 2) -> list[Prompt]:
+    """The bench's grounded prompts, as `app.py bench --suite spec_bench --suite code_edit
+    --category summarization --category rag --category extraction --category code_edit
+    --per-category N` selects them."""
+    return load_suites(["spec_bench", "code_edit"], GROUNDED, per_category)
