@@ -182,7 +182,7 @@ _loaded: weakref.WeakKeyDictionary[Model, Profile] = weakref.WeakKeyDictionary()
 
 def profile_rows(max_rows: int = GAMMA_MAX + 1) -> list[int]:
     """The row counts a profile holds up to `max_rows`: every one to K_MAX, then LONG_ROWS."""
-    return [k for k in range(1, min(K_MAX, max_rows) + 1)] + [k for k in LONG_ROWS if K_MAX < k <= max_rows]
+    return list(range(1, min(K_MAX, max_rows) + 1)) + [k for k in LONG_ROWS if K_MAX < k <= max_rows]
 
 
 def profile(model: Model, rows: Sequence[int] | None = None) -> Profile:
@@ -295,23 +295,10 @@ class CostModel:
         if self.draft_cap is not None:
             cap = min(cap, self.draft_cap)
         best, best_s = 0, 1.0
-        lengths = [g for g in self._lengths if g <= cap]
-        if isinstance(alpha, (int, float)):
-            for g in lengths:
-                s = self.speedup(alpha, g, c)
-                if s > best_s:
-                    best, best_s = g, s
-            return best, best_s
-        c = self.c if c is None else c
-        tokens, p, done = 1.0, 1.0, 0  # expected_tokens_chain, accumulated along the draft
-        for g in lengths:
-            if g > len(alpha):
+        for g in self._lengths:
+            if g > cap or (not isinstance(alpha, (int, float)) and g > len(alpha)):
                 break
-            for a in alpha[done:g]:
-                p *= a
-                tokens += p
-            done = g
-            s = tokens / (g * c + self.t_ratio(g + 1))
+            s = self.speedup(alpha, g, c)
             if s > best_s:
                 best, best_s = g, s
         return best, best_s
