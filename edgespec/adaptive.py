@@ -118,6 +118,8 @@ class AutoGamma:
         self.last_predicted = 1.0
         self._steps = 0
         self._steps_plain = 0
+        self._steps_nothing = 0  # steps whose drafter had nothing to propose (hint 0)
+        self._tested = 0  # draft tokens verified (accepted + first rejections): alpha's evidence
         self._probe_interval = self.probe_every
         self._probing = False
 
@@ -184,6 +186,7 @@ class AutoGamma:
         self.last_choice = g
         self._steps += 1
         self._steps_plain += g == 0
+        self._steps_nothing += hint == 0
         return g
 
     def fit(self, available: int) -> int:
@@ -217,6 +220,7 @@ class AutoGamma:
         self._probing = False
         if k > 0:
             self._plans.clear()
+            self._tested += n_accepted + (1 if n_accepted < k else 0)
             key = self._key
             if self._is_match(key):
                 # Token j of the draft was a trial at size class(size + j - 1); the first
@@ -240,15 +244,36 @@ class AutoGamma:
         succ[key] = d * succ.get(key, PRIOR_WEIGHT * prior) + hits
         trials[key] = d * trials.get(key, PRIOR_WEIGHT) + n
 
-    def fallback_note(self) -> str | None:
-        """Says so when the policy has been running plain decoding because nothing would pay."""
-        if self._steps_plain * 2 < self._steps:
+    def decline(self) -> dict | None:
+        """Why gamma auto ran plain decoding on at least half the steps, from the one cost model:
+        the acceptance it measured (or, when it never drafted, the best it assumed reachable), the
+        drafter's cost c, and the best speedup those give on this machine's T(K). None otherwise."""
+        if self.costs is None or self._steps == 0 or self._steps_plain * 2 < self._steps:
             return None
-        return (
-            f"gamma auto: plain decoding on {self._steps_plain} of {self._steps} steps; no draft length was "
-            f"predicted to beat it (alpha {self.alpha_overall:.2f}, T(2)/T(1) {self._t_ratio(2):.2f}"
-            f"{f', draft cost c {self.costs.c:.2f}' if self.costs and self.costs.c else ''})"
-        )
+        measured = self._tested > 0
+        alpha = self.alpha_overall if measured else 0.95
+        gamma, speedup = self.costs.best_gamma(alpha, self._cap(), drafting=True)
+        return {"plain_steps": self._steps_plain, "steps": self._steps, "nothing_to_draft": self._steps_nothing,
+                "alpha": round(alpha, 3), "alpha_measured": measured, "tested": self._tested,
+                "c": round(self.costs.c, 3), "t_ratio_2": round(self._t_ratio(2), 3),
+                "best_gamma": gamma, "best_speedup": round(speedup, 3), "needs": self.margin}
+
+    def fallback_note(self) -> str | None:
+        """The decline in one line, e.g. 'gamma auto: plain decoding on 60 of 64 steps: alpha 0.91
+        (measured over 33 tokens), draft cost c 0.56 of a target pass: best 0.97x here (gamma 3),
+        needs 1.10x; declined'."""
+        d = self.decline()
+        if d is None:
+            return None
+        head = f"gamma auto: plain decoding on {d['plain_steps']} of {d['steps']} steps"
+        if d["nothing_to_draft"] * 2 >= d["steps"]:
+            return f"{head}: the drafter had nothing to propose on {d['nothing_to_draft']} (no match in the context)"
+        alpha = (f"alpha {d['alpha']:.2f} (measured over {d['tested']} tokens)" if d["alpha_measured"]
+                 else f"even at alpha {d['alpha']:.2f} (not measured: probing could not pay)")
+        best = (f"best {d['best_speedup']:.2f}x here (gamma {d['best_gamma']})" if d["best_gamma"]
+                else "no draft length can be verified here")
+        return (f"{head}: {alpha}, draft cost c {d['c']:.2f} of a target pass, T(2)/T(1) {d['t_ratio_2']:.2f}: "
+                f"{best}, needs {d['needs']:.2f}x; declined")
 
     def _t_ratio(self, rows: int) -> float:
         return float(rows) if self.costs is None else self.costs.t_ratio(rows)
@@ -258,6 +283,7 @@ class AutoGamma:
             "steps": self._steps,
             "plain_steps": self._steps_plain,
             "fallback": self.fallback_note(),
+            "decline": self.decline(),
             "alpha": self.alpha_overall,
             "c": None if self.costs is None else self.costs.c,
             "gamma": self.last_choice,

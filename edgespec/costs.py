@@ -288,13 +288,15 @@ class CostModel:
         return expected_tokens_chain(alpha, gamma) / (gamma * c + self.t_ratio(gamma + 1))
 
     def best_gamma(self, alpha: float | Sequence[float], gamma_max: int | None = None,
-                   c: float | None = None) -> tuple[int, float]:
+                   c: float | None = None, *, drafting: bool = False) -> tuple[int, float]:
         """The draft length in [0, min(gamma_max, draft_cap)] with the highest predicted speedup
-        (alpha: one acceptance rate, or per-position acceptances as for `speedup`)."""
+        (alpha: one acceptance rate, or per-position acceptances as for `speedup`); with
+        `drafting`, the best length of at least 1 even when it is slower than plain decoding
+        (what a drafter would give here, to say why it was declined)."""
         cap = self.gamma_max if gamma_max is None else gamma_max
         if self.draft_cap is not None:
             cap = min(cap, self.draft_cap)
-        best, best_s = 0, 1.0
+        best, best_s = 0, (0.0 if drafting else 1.0)
         for g in self._lengths:
             if g > cap or (not isinstance(alpha, (int, float)) and g > len(alpha)):
                 break

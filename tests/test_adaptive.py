@@ -314,3 +314,53 @@ def test_profile_passes_run_after_real_context(smollm2_path):
         assert model.cached == tuple(held)
     finally:
         model.close()
+
+
+# The real pair's shape on a 2-core Xeon (NOTES: Qwen2.5-Coder-1.5B T(K) in ms, 0.5B draft c = 0.56).
+QWEN15_MS = {1: 61, 2: 100, 3: 118, 4: 112, 5: 150, 8: 200, 9: 215, 16: 250, 17: 305}
+
+
+def test_costly_draft_model_is_declined_and_says_why_before_drafting():
+    policy = auto(CostModel({k: ms / 1000 for k, ms in QWEN15_MS.items()}, c=0.56))
+    chosen = [policy.choose(None) for _ in range(40)]
+    for k in chosen:
+        policy.observe(k, 0)
+    assert chosen == [0] * 40  # even 95% acceptance cannot pay at c = 0.56
+    d = policy.decline()
+    assert d is not None and not d["alpha_measured"] and d["alpha"] == 0.95
+    # The best any draft length gives here, from the same cost model gamma auto plans with:
+    best = max(policy.costs.speedup(0.95, g) for g in range(1, 17))
+    assert d["best_speedup"] == pytest.approx(best, abs=1e-3) and 1.0 < best < policy.margin
+    note = policy.fallback_note()
+    assert note.startswith("gamma auto: plain decoding on 40 of 40 steps: even at alpha 0.95")
+    assert "draft cost c 0.56 of a target pass" in note and note.endswith("needs 1.10x; declined")
+
+
+def test_poor_measured_acceptance_is_reported_with_its_evidence():
+    policy = auto(costs(0.3))
+    feed(policy, 200, 0.2)
+    d = policy.decline()
+    assert d["alpha_measured"] and d["tested"] > 0
+    assert d["alpha"] == pytest.approx(policy.alpha_overall, abs=1e-3) and d["alpha"] < 0.4
+    assert d["best_speedup"] < policy.margin
+    assert f"measured over {d['tested']} tokens" in policy.fallback_note()
+
+
+def test_nothing_to_draft_is_named_as_such():
+    policy = auto(costs(0.3))
+    for _ in range(30):
+        policy.observe(policy.choose(0), 0)
+    assert policy.fallback_note().endswith("the drafter had nothing to propose on 30 (no match in the context)")
+
+
+def test_a_drafter_that_pays_is_not_declined():
+    policy = auto(costs(0.1))
+    feed(policy, 200, 0.9)
+    assert policy.decline() is None and policy.fallback_note() is None
+
+
+def test_best_gamma_drafting_reports_the_best_length_even_below_plain():
+    cm = CostModel({k: ms / 1000 for k, ms in QWEN15_MS.items()}, c=0.56)
+    assert cm.best_gamma(0.6) == (0, 1.0)
+    g, s = cm.best_gamma(0.6, drafting=True)
+    assert g >= 1 and s == pytest.approx(max(cm.speedup(0.6, k) for k in range(1, 64)), abs=1e-9) and s < 1.0

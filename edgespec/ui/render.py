@@ -83,6 +83,8 @@ def stats_line(tr: Tracker) -> str:
     if r.measured_speedup is not None and r.predicted_speedup is not None:
         parts.append(f"speedup {r.measured_speedup:.2f}x measured, {r.predicted_speedup:.2f}x predicted")
     parts.append(f"drafter {r.drafter}" + (f" (gamma {r.gamma})" if r.drafter != "none" else ""))
+    if r.policy.get("fallback"):  # why gamma auto drafted little or nothing (adaptive.AutoGamma.decline)
+        parts.append(r.policy["fallback"])
     parts.append(f"framing {r.framing}")
     reason = r.finish_reason
     if reason == "stopped":
