@@ -5,13 +5,16 @@ run (huggingface_hub retries a dropped connection with a Range request), show a 
 call `progress(done_bytes, total_bytes)`, and are checked after the fact: the size and sha256 the
 Hub lists, then the GGUF header and tensor extent. A file that fails any check is removed from the
 cache, so nothing half-written is ever found again as a model. HF_ENDPOINT, HF_HUB_CACHE/HF_HOME
-and HF_HUB_OFFLINE are read at call time, so they work even when set after import.
+and HF_HUB_OFFLINE are read at call time, so they work even when set after import. Every request
+to the Hub waits at most EDGESPEC_HUB_TIMEOUT seconds (default 30) to connect and between bytes,
+so an endpoint that accepts and never answers ends in one line instead of a hang.
 """
 
 from __future__ import annotations
 
 import difflib
 import hashlib
+import math
 import os
 import re
 import sys
@@ -19,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from huggingface_hub import HfApi, constants, hf_hub_download, try_to_load_from_cache
+from huggingface_hub import HfApi, constants, get_session, hf_hub_download, try_to_load_from_cache
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
@@ -32,8 +35,10 @@ from tqdm.auto import tqdm
 
 try:  # huggingface_hub 2.x talks through httpx2, 1.x through httpx
     from httpx2 import HTTPError as TransportError
+    from httpx2 import TimeoutException
 except ImportError:
     from httpx import HTTPError as TransportError
+    from httpx import TimeoutException
 
 from edgespec.errors import EdgeSpecError
 from models.catalog import HF_PREFIX
@@ -46,6 +51,9 @@ QUANT_PREFERENCE = ("Q4_K_M", "Q4_K_S", "Q5_K_M", "Q8_0", "Q6_K", "Q4_0", "Q5_0"
 _SPLIT = re.compile(r"^(?P<stem>.*)-(?P<idx>\d{5})-of-(?P<n>\d{5})\.gguf$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _HASH_CHUNK = 8 << 20
+TIMEOUT_ENV = "EDGESPEC_HUB_TIMEOUT"
+DEFAULT_TIMEOUT_S = 30.0
+_timeout_s = DEFAULT_TIMEOUT_S  # what _cap_timeout applies; set by _bound_requests() before each use of the Hub
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,55 @@ class HubFile:
 def endpoint() -> str:
     """The Hub URL: HF_ENDPOINT as set now, else huggingface_hub's default."""
     return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+
+
+def timeout_s() -> float:
+    """Seconds a Hub request may wait to connect or for its next bytes: EDGESPEC_HUB_TIMEOUT, else 30."""
+    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise EdgeSpecError(f"{TIMEOUT_ENV} must be a number of seconds > 0, got {raw!r}")
+    return value
+
+
+def _cap_timeout(request) -> None:  # noqa: ANN001 - an httpx(2) Request
+    """A request hook: huggingface_hub asks for no timeout on some calls (model_info) and a minute
+    per retry on others; none of them may wait longer than the configured timeout."""
+    asked = request.extensions.get("timeout") or {}
+    capped = {k: _timeout_s if asked.get(k) is None else min(asked[k], _timeout_s)
+              for k in ("connect", "read", "write", "pool")}
+    request.extensions = {**request.extensions, "timeout": capped}
+
+
+def _bound_requests() -> float:
+    """Put the timeout on huggingface_hub's shared HTTP client (it may have been recreated since)."""
+    global _timeout_s
+    _timeout_s = timeout_s()
+    client = get_session()
+    hooks = client.event_hooks
+    if _cap_timeout not in hooks["request"]:
+        client.event_hooks = {**hooks, "request": [*hooks["request"], _cap_timeout]}
+    return _timeout_s
+
+
+def _timed_out(exc: BaseException | None) -> bool:
+    """Whether `exc` (or what it wraps) is a connect/read timeout."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, TimeoutException | TimeoutError):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+def _no_answer(spec: str) -> str:
+    return (f"the Hub at {endpoint()} did not answer within {_timeout_s:g} s ({TIMEOUT_ENV}) and {spec} is not cached; "
+            f"check the connection or HF_ENDPOINT, or raise {TIMEOUT_ENV}")
 
 
 def cache_dir() -> Path:
@@ -301,8 +358,12 @@ def _download(spec: str, want: HubFile, commit: str | None, progress: Progress |
     except (RepositoryNotFoundError, RevisionNotFoundError, RemoteEntryNotFoundError) as exc:
         raise EdgeSpecError(f"{want.repo}/{want.file} not found on the Hub ({_one_line(exc)})") from None
     except LocalEntryNotFoundError as exc:
+        if _timed_out(exc):
+            raise EdgeSpecError(_no_answer(spec)) from None
         raise EdgeSpecError(f"cannot reach the Hub at {endpoint()} to download {want.file} ({_one_line(exc.__cause__ or exc)})") from None
     except (TransportError, HfHubHTTPError, OSError, ValueError) as exc:
+        if _timed_out(exc):
+            raise EdgeSpecError(_no_answer(spec)) from None
         raise EdgeSpecError(
             f"download of {want.repo}/{want.file} failed ({_one_line(exc)}); the partial file was discarded, "
             f"run `python -m models pull {spec}` to retry"
@@ -333,6 +394,7 @@ def pull(spec: str, progress: Progress | None = None, *, show_bar: bool | None =
             f"{spec} is not in the Hugging Face cache ({cache_dir()}) and HF_HUB_OFFLINE is set: "
             f"unset HF_HUB_OFFLINE to download it, or run `python -m models pull {spec}` while online"
         )
+    _bound_requests()
     try:
         commit, files = _remote_files(repo)
     except GatedRepoError:
@@ -345,6 +407,8 @@ def pull(spec: str, progress: Progress | None = None, *, show_bar: bool | None =
         hit = cached(spec)
         if hit is not None:
             return hit
+        if _timed_out(exc):
+            raise EdgeSpecError(_no_answer(spec)) from None
         raise EdgeSpecError(
             f"cannot reach the Hub at {endpoint()} ({_one_line(exc)}) and {spec} is not cached; "
             "check the connection or HF_ENDPOINT"

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -339,9 +340,9 @@ def test_unreachable_hub_is_one_line(tmp_path, monkeypatch):
         hub.pull(SPEC)
 
 
-def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+def _cli(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "models", *args], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, **env}, timeout=120)
+                          env={**os.environ, **env}, timeout=timeout)
 
 
 def test_cli_pull_list_remove(fake_hub, tmp_path):
@@ -371,3 +372,44 @@ def test_cli_offline_empty_cache(tmp_path):
     out = _cli("pull", SPEC, env=env)
     assert out.returncode == 1 and out.stderr.count("\n") == 1
     assert "unset HF_HUB_OFFLINE" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.fixture
+def silent_endpoint():
+    """A server on 127.0.0.1 that accepts connections and never answers (a stalled proxy or Hub)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.settimeout(0.2)
+    held: list[socket.socket] = []
+    done = threading.Event()
+
+    def accept() -> None:
+        while not done.is_set():
+            try:
+                held.append(listener.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    done.set()
+    thread.join(timeout=5)
+    for conn in held:
+        conn.close()
+    listener.close()
+
+
+def test_pull_from_an_endpoint_that_never_answers_times_out_in_one_line(silent_endpoint, tmp_path):
+    env = {"HF_ENDPOINT": silent_endpoint, "HF_HUB_CACHE": str(tmp_path / "hf-cache"), "HF_HUB_OFFLINE": "0",
+           "EDGESPEC_HUB_TIMEOUT": "1.5"}
+    t0 = time.monotonic()
+    out = _cli("pull", SPEC, env=env, timeout=60)  # without a timeout this waits forever (the test then fails)
+    took = time.monotonic() - t0
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith("error: ")
+    assert f"the Hub at {silent_endpoint} did not answer within 1.5 s (EDGESPEC_HUB_TIMEOUT)" in out.stderr
+    assert took < 30, f"took {took:.0f} s"
+    bad = _cli("pull", SPEC, env={**env, "EDGESPEC_HUB_TIMEOUT": "soon"}, timeout=60)
+    assert bad.returncode == 1 and bad.stderr == "error: EDGESPEC_HUB_TIMEOUT must be a number of seconds > 0, got 'soon'\n"
