@@ -47,11 +47,37 @@ class Column:
     gamma: str
 
 
+# The demo on the real pair (`python app.py models install coder-pair`): a code edit, where the
+# n-gram drafter copies the unchanged lines and the 0.5B draft model shows its acceptance and cost.
+PAIR = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
+PAIR_PROMPT = (
+    "Add a `discount` parameter (a fraction, default 0.0) to `compute_total` and apply it to the subtotal "
+    "before tax. Change nothing else.\n\n```python\ndef compute_total(items, tax_rate):\n    subtotal = 0.0\n"
+    "    for item in items:\n        subtotal += item[\"price\"] * item[\"quantity\"]\n    tax = subtotal * tax_rate\n"
+    "    return subtotal + tax\n\n\ndef print_receipt(items, tax_rate):\n    for item in items:\n"
+    "        print(f\"{item['name']:20s} {item['quantity']:3d} x {item['price']:8.2f}\")\n"
+    "    print(f\"{'total':20s} {compute_total(items, tax_rate):16.2f}\")\n```\n\nWrite the complete modified code."
+)
+
+
+def pair_installed() -> bool:
+    from models import resolve_local
+
+    return all(resolve_local(name) is not None for name in PAIR)
+
+
 def default_columns(target: str) -> list[Column]:
-    """Higher-precision target | quantized target | quantized + n-gram speculation. The Q8_0
-    baseline is the derived SmolLM2 file when it has been made (button below), else the bundled model."""
+    """With the coder pair installed (and the default or a pair target): 1.5B plain | 1.5B + n-gram |
+    1.5B + 0.5B draft model. Otherwise higher-precision target | quantized target | quantized +
+    n-gram speculation, the Q8_0 baseline being the derived SmolLM2 file when it has been made
+    (button below), else the bundled model."""
+    from models import DEFAULT_TARGET
     from models.derive import DERIVED_DIR
 
+    if target in (DEFAULT_TARGET, *PAIR) and pair_installed():
+        big, small = PAIR
+        return [Column("1.5B plain", big, "none", "0"), Column("1.5B + n-gram", big, "ngram", "auto"),
+                Column("1.5B + 0.5B draft", big, f"model:{small}", "auto")]
     q8 = DERIVED_DIR / "SmolLM2-135M-Instruct.Q8_0-from-Q4_1.gguf"
     has_q8 = q8.is_file() and target == "smollm2-135m"  # the Q8_0 file holds SmolLM2's weights only
     return [
@@ -95,7 +121,8 @@ def build_race_tab(ctx: AppContext) -> None:
     cores = len(os.sched_getaffinity(0))
     drafter_choices, drafter_label = drafter_specs()
     gr.Markdown(METHOD.format(cores=cores), elem_id="race-method")
-    prompt = gr.Textbox(DEFAULT_PROMPT, lines=3, label="Prompt", elem_id="race-prompt")
+    prompt = gr.Textbox(PAIR_PROMPT if cols0[0].target == PAIR[0] else DEFAULT_PROMPT, lines=3, label="Prompt",
+                        elem_id="race-prompt")
     with gr.Row():
         max_tokens = gr.Slider(8, 1024, value=min(d.max_tokens, 128), step=1, label="max tokens per column", elem_id="race-max-tokens")
         chat_fmt = gr.Checkbox(True, label="as a chat turn (the target's chat template, or User:/Assistant: "
