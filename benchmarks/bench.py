@@ -56,6 +56,7 @@ class BenchSettings:
     lookup_ngram: int = 2
     llama_cpp: list[str] = field(default_factory=list)  # llama.cpp speculation types run as references
     llama_cpp_draft_max: int = 16
+    llama_cpp_draft_model: str | None = None  # draft-simple's -md; default: the first model:NAME in drafts
     n_ctx: int = 4096
     n_threads: int | None = None
     flash_attn: str = "auto"
@@ -152,8 +153,10 @@ class Runner:
                     s.llama_cpp = []
                 else:
                     log(f"llama.cpp reference: {binary}")
+                    draft_model = self.reference_draft_model()
                     self.refs.update({
-                        llamacpp.PREFIX + t: llamacpp.LlamaCppSpeculative(binary, self.target, t, draft_max=s.llama_cpp_draft_max)
+                        llamacpp.PREFIX + t: llamacpp.LlamaCppSpeculative(
+                            binary, self.target, t, draft_max=s.llama_cpp_draft_max, draft_model=draft_model)
                         for t in s.llama_cpp
                     })
             self.configs = configs_for(s)
@@ -185,6 +188,21 @@ class Runner:
         except BaseException:
             self.close()
             raise
+
+    def reference_draft_model(self) -> Path | None:
+        """The GGUF llama.cpp's draft-simple runs: --reference-draft-model, else the draft model of
+        the first `model:NAME` drafter benched (the same file on both sides)."""
+        from edgespec import drafters
+        from models import resolve
+
+        name = self.s.llama_cpp_draft_model
+        if name is None:
+            for d in self.s.drafts:
+                kind, arg = drafters.split_spec(d)
+                if kind == "model" and arg:
+                    name = arg
+                    break
+        return None if name is None else resolve(name)
 
     def profile_changed(self) -> bool:
         """Whether the stored profile is no longer the one reported (the session found it stale
@@ -519,9 +537,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--lookup-ngram", type=int, default=2, help="llama-cpp-python prompt lookup max_ngram_size (default 2)")
     ap.add_argument("--reference", action="append", default=[], metavar="llama.cpp:TYPE,...",
                     help="also run llama.cpp's own speculation (llama-speculative-simple, built by "
-                    "scripts/build_reference.sh) with these n-gram types: " + ",".join(llamacpp.SPEC_TYPES))
+                    "scripts/build_reference.sh) with these types: " + ",".join(llamacpp.SPEC_TYPES) +
+                    f", {llamacpp.DRAFT_TYPE} (its draft-model mode) or {llamacpp.DRAFT_TYPE}/N_MAX/N_MIN/P_MIN")
     ap.add_argument("--reference-draft-max", type=int, default=16,
                     help="llama.cpp's --spec-draft-n-max (default 16; its n-gram types draft with their own lengths)")
+    ap.add_argument("--reference-draft-model", default=None, metavar="MODEL",
+                    help="draft model for llama.cpp's draft-simple (default: the first --draft model:NAME)")
     ap.add_argument("--out", default=None, help="output folder (results.json, report.md, plots)")
     ap.add_argument("--verify-cost", action="store_true", help="measure T(K)/T(1) for K = 1..--max-k and the speedup ceiling")
     ap.add_argument("--max-k", type=int, default=32, help="largest K for --verify-cost (default 32)")
@@ -564,6 +585,7 @@ def main(argv: list[str]) -> int:
         lookup_ngram=args.lookup_ngram,
         llama_cpp=[t for spec in args.reference for t in llamacpp.parse_reference(spec)],
         llama_cpp_draft_max=args.reference_draft_max,
+        llama_cpp_draft_model=args.reference_draft_model,
         **runtime_kw,
     )
     load_suites(s.suites, s.categories, s.per_category)  # so does a bad suite file

@@ -1,6 +1,9 @@
 """llama.cpp's own speculative decoding as a bench reference: `llama-speculative-simple
 --spec-type T` (ngram-simple, ngram-map-k, ngram-mod, ngram-cache), the same n-gram speculation
-users get from `llama-server --spec-type T`.
+users get from `llama-server --spec-type T`, and its draft-model mode (`--spec-type draft-simple -md
+DRAFT`, what `llama-server -md` runs): `draft-simple` with the program's defaults (n_max 3, n_min 0,
+p_min 0), or tuned as `draft-simple/N_MAX/N_MIN/P_MIN` (e.g. draft-simple/4/3/0.5). This llama.cpp
+needs the explicit --spec-type beside -md ("failed to initialize speculative decoding" otherwise).
 
 The program is built by `bash scripts/build_reference.sh` from the llama.cpp sources vendored in
 the project's llama-cpp-python release, and runs on the very shared libraries the project loads
@@ -33,20 +36,39 @@ from edgespec.errors import EdgeSpecError
 from edgespec.runtime import Model
 
 SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache")
+DRAFT_TYPE = "draft-simple"  # a draft model; '/N_MAX/N_MIN/P_MIN' tunes it
 PREFIX = "llama.cpp "  # configuration names: 'llama.cpp ngram-simple', ...
 BUILD_HINT = "bash scripts/build_reference.sh"
 
 
 def parse_reference(spec: str) -> list[str]:
-    """'llama.cpp:ngram-simple,ngram-mod' (or 'llama.cpp' for every n-gram type) -> the types."""
+    """'llama.cpp:ngram-simple,draft-simple/4/3/0.5' (or 'llama.cpp' for every n-gram type) -> the types."""
     head, _, tail = spec.partition(":")
     if head.strip() != "llama.cpp":
         raise EdgeSpecError(f"--reference takes llama.cpp:TYPE[,TYPE...], got {spec!r}")
     types = [t.strip() for t in tail.split(",") if t.strip()] or list(SPEC_TYPES)
-    bad = [t for t in types if t not in SPEC_TYPES]
-    if bad:
-        raise EdgeSpecError(f"unknown llama.cpp speculation type {bad[0]!r}; choose from {', '.join(SPEC_TYPES)}")
+    for t in types:
+        if t not in SPEC_TYPES:
+            draft_settings(t)  # a bad type or tuning fails here, before any model loads
     return types
+
+
+def draft_settings(spec_type: str) -> list[str]:
+    """'draft-simple' -> [] (the program's defaults); 'draft-simple/4/3/0.5' -> its n_max, n_min and
+    p_min flags. Anything else is a one-line error naming the choices."""
+    name, *tune = spec_type.split("/")
+    if name != DRAFT_TYPE or len(tune) not in (0, 3):
+        raise EdgeSpecError(f"unknown llama.cpp speculation type {spec_type!r}; choose from "
+                            f"{', '.join(SPEC_TYPES)}, {DRAFT_TYPE} or {DRAFT_TYPE}/N_MAX/N_MIN/P_MIN")
+    if not tune:
+        return []
+    try:
+        n_max, n_min, p_min = int(tune[0]), int(tune[1]), float(tune[2])
+    except ValueError:
+        raise EdgeSpecError(f"{spec_type!r}: want {DRAFT_TYPE}/N_MAX/N_MIN/P_MIN, e.g. {DRAFT_TYPE}/4/3/0.5") from None
+    if not (1 <= n_max and 0 <= n_min <= n_max and 0.0 <= p_min <= 1.0):
+        raise EdgeSpecError(f"{spec_type!r}: need 1 <= N_MAX, 0 <= N_MIN <= N_MAX and 0 <= P_MIN <= 1")
+    return ["--spec-draft-n-max", str(n_max), "--spec-draft-n-min", str(n_min), "--spec-draft-p-min", str(p_min)]
 
 
 def default_binary() -> Path:
@@ -58,7 +80,8 @@ def default_binary() -> Path:
         key = (root / ".venv" / ".llama-build-key").read_text().strip()
     except OSError:
         key = "unknown"
-    return firstrun.cache_dir() / "reference" / f"llama.cpp-{firstrun.LLAMA_CPP_VERSION}-{key}" / "llama-speculative-simple"
+    folder = f"llama.cpp-{firstrun.LLAMA_CPP_VERSION}-{key}-noamx"  # built without the AMX kernels (the script)
+    return firstrun.cache_dir() / "reference" / folder / "llama-speculative-simple"
 
 
 def find_binary() -> Path | None:
@@ -85,16 +108,21 @@ _COUNT = re.compile(r"^\s*(n_drafted|n_accept)\s*=\s*(\d+)", re.M)
 
 
 class LlamaCppSpeculative:
-    """Runs `llama-speculative-simple` with one n-gram type on the target file."""
+    """Runs `llama-speculative-simple` with one n-gram type, or a draft model, on the target file."""
 
     def __init__(self, binary: Path, target: Model, spec_type: str, *, draft_max: int = 16,
-                 timeout_s: float = 600.0) -> None:
-        if spec_type not in SPEC_TYPES:
-            raise EdgeSpecError(f"unknown llama.cpp speculation type {spec_type!r}")
+                 draft_model: Path | None = None, timeout_s: float = 600.0) -> None:
+        if spec_type in SPEC_TYPES:
+            self.spec_args = ["--spec-type", spec_type, "--spec-draft-n-max", str(draft_max)]
+        else:
+            if draft_model is None:
+                raise EdgeSpecError(f"llama.cpp {spec_type} needs a draft model: give the bench --draft model:NAME "
+                                    "or --reference-draft-model NAME")
+            self.spec_args = ["--spec-type", DRAFT_TYPE, "-md", str(draft_model),
+                              "-td", str(target.n_threads), "-tbd", str(target.n_threads), *draft_settings(spec_type)]
         self.binary = binary
         self.target = target
         self.spec_type = spec_type
-        self.draft_max = draft_max
         self.timeout_s = timeout_s
         self.name = PREFIX + spec_type
 
@@ -112,8 +140,7 @@ class LlamaCppSpeculative:
         cmd = [
             str(self.binary), "-m", str(t.path), "-p", prompt, "-n", str(max_tokens),
             "-c", str(t.n_ctx), "-t", str(t.n_threads), "-tb", str(t.n_threads), "-fa", fa,
-            "--temp", "0", "--spec-type", self.spec_type, "--spec-draft-n-max", str(self.draft_max),
-            "--seed", "1",
+            "--temp", "0", *self.spec_args, "--seed", "1",
         ]
         env = dict(os.environ, LD_LIBRARY_PATH=str(self.binary.parent))
         try:

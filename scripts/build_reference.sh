@@ -9,8 +9,11 @@
 # `common` helpers are compiled here, so both sides of a comparison run identical kernels, picked
 # for this CPU by the same loader, and nothing in it is specific to this processor.
 #
-# The result is cached in $EDGESPEC_CACHE/reference/llama.cpp-<build key of the installed library>
-# (10-15 minutes on 2 cores the first time; a second run reuses it).
+# The AMX kernel module (sapphirerapids) is left out, as the app itself skips it (edgespec/backend.py):
+# on AMX Xeons the loader would pick it and the program would die.
+#
+# The result is cached in $EDGESPEC_CACHE/reference/llama.cpp-<version>-<build key>-noamx
+# (10-20 minutes on 2 cores the first time; a second run reuses it).
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -25,7 +28,7 @@ die() { printf '\033[1m[reference]\033[0m error: %s\n' "$*" >&2; exit 1; }
 libdir="$("$VPY" -c 'import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec("llama_cpp").origin).parent / "lib")')" \
   || die "llama-cpp-python is not installed in .venv: run bash scripts/setup.sh"
 key="$(cat .venv/.llama-build-key 2>/dev/null || echo unknown)"
-out="$CACHE/reference/llama.cpp-$LLAMA_CPP_VERSION-$key"
+out="$CACHE/reference/llama.cpp-$LLAMA_CPP_VERSION-$key-noamx"
 if [ -x "$out/llama-speculative-simple" ]; then
   say "ready: $out/llama-speculative-simple"
   exit 0
@@ -49,6 +52,7 @@ cp "$src/build/bin/llama-speculative-simple" "$out.tmp/"
 cp -P "$src"/build/bin/libllama-common.so* "$out.tmp/"  # llama.cpp's helpers (arguments, sampling, n-gram caches)
 # The installed library, unchanged: the program runs with LD_LIBRARY_PATH set to this folder.
 cp -P "$libdir"/lib*.so* "$out.tmp/"
+rm -f "$out.tmp"/libggml-cpu-sapphirerapids*  # AMX kernels: never loaded by the app either
 rm -f "$out.tmp/build.log"
 LD_LIBRARY_PATH="$out.tmp" "$out.tmp/llama-speculative-simple" --version >/dev/null 2>&1 \
   || die "the reference program does not start (kept: $src)"

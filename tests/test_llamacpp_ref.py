@@ -32,15 +32,34 @@ ARTICLE = (
         ("llama.cpp:ngram-simple", ["ngram-simple"]),
         ("llama.cpp:ngram-mod, ngram-cache", ["ngram-mod", "ngram-cache"]),
         ("llama.cpp", list(llamacpp.SPEC_TYPES)),
+        ("llama.cpp:draft-simple,draft-simple/4/3/0.5", ["draft-simple", "draft-simple/4/3/0.5"]),
     ],
 )
 def test_parse_reference(spec, types):
     assert llamacpp.parse_reference(spec) == types
 
 
+def test_draft_simple_settings():
+    assert llamacpp.draft_settings("draft-simple") == []  # the program's own defaults
+    assert llamacpp.draft_settings("draft-simple/4/3/0.5") == [
+        "--spec-draft-n-max", "4", "--spec-draft-n-min", "3", "--spec-draft-p-min", "0.5"]
+    for bad in ("draft-simple/4/5/0.5", "draft-simple/4/3", "draft-simple/x/3/0.5", "draft-simple/4/3/1.5"):
+        with pytest.raises(EdgeSpecError, match="draft-simple"):
+            llamacpp.draft_settings(bad)
+
+
+@needs_binary
+def test_reference_folder_has_no_amx_kernels():
+    """The app never loads the AMX variant; the program beside it must not either (on an AMX Xeon its
+    loader would pick it and die)."""
+    modules = sorted(p.name for p in BINARY.parent.glob("libggml-cpu-*"))
+    assert modules and not any("sapphirerapids" in m for m in modules)
+
+
 @pytest.mark.parametrize(
     ("spec", "needle"),
     [("llama.cpp:ngram-fast", "unknown llama.cpp speculation type 'ngram-fast'"),
+     ("llama.cpp:draft-simple/4/9/0.5", "need 1 <= N_MAX, 0 <= N_MIN <= N_MAX"),
      ("vllm:ngram", "--reference takes llama.cpp:TYPE")],
 )
 def test_bad_reference_is_a_one_line_error_before_loading(tmp_path, spec, needle):
@@ -110,3 +129,18 @@ def test_bench_puts_llama_cpp_rows_beside_ours(tmp_path):
     report = (out / "report.md").read_text()
     assert "## EdgeSpec vs llama.cpp's own speculation" in report and "ngram-mod" in report
     assert "EdgeSpec vs best llama.cpp type" in r.stdout
+
+
+@pytest.mark.slow
+@needs_binary
+def test_draft_model_mode_runs_with_the_draft_beside_the_target(smollm2):
+    """--spec-type draft-simple with -md: SmolLM2 drafting for itself is accepted nearly always, and
+    its greedy text is the target's own."""
+    toks = frame(smollm2, Request(text="List the days of the week.", framing="chat")).tokens
+    plain = llamacpp.LlamaCppSpeculative(BINARY, smollm2, "ngram-simple").generate(toks, 24)
+    spec = llamacpp.LlamaCppSpeculative(BINARY, smollm2, "draft-simple/4/1/0.0", draft_model=smollm2.path)
+    run = spec.generate(toks, 24)
+    assert run.n_drafted > 0 and run.n_accept >= 0.8 * run.n_drafted
+    assert run.text[:40] == plain.text[:40]
+    with pytest.raises(EdgeSpecError, match="needs a draft model"):
+        llamacpp.LlamaCppSpeculative(BINARY, smollm2, "draft-simple")
