@@ -47,7 +47,7 @@ def test_load_suite_reads_both_formats(tmp_path):
 
 def test_shipped_spec_bench_loads_with_filters():
     suites = shipped_suites()
-    assert set(suites) == {"code_edit", "spec_bench"}
+    assert set(suites) == {"code_edit", "code_open", "spec_bench"}
     assert suites["spec_bench"].parent == ROOT / "benchmarks" / "suites"  # package data, found by importlib
     prompts = load_suites([suites["spec_bench"]], ["summarization", "rag"], per_category=2)
     assert [p.category for p in prompts] == ["summarization"] * 2 + ["rag"] * 2
