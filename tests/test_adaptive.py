@@ -364,3 +364,14 @@ def test_best_gamma_drafting_reports_the_best_length_even_below_plain():
     assert cm.best_gamma(0.6) == (0, 1.0)
     g, s = cm.best_gamma(0.6, drafting=True)
     assert g >= 1 and s == pytest.approx(max(cm.speedup(0.6, k) for k in range(1, 64)), abs=1e-9) and s < 1.0
+
+
+def test_draft_lengths_land_on_the_cheap_tile_row_counts():
+    """With the 1.5B's measured curve (NOTES: repacked kernels fill tiles of 4 rows, so T(4) < T(3)
+    and T(16) ~ T(12)), every acceptance picks a draft whose pass fills a tile: 3, 15 or 63 drafts,
+    never the dearer neighbours."""
+    ms = {1: 61, 2: 100, 3: 118, 4: 112, 8: 200, 12: 250, 16: 251, 17: 305, 32: 435, 64: 720}
+    cm = CostModel({k: v / 1000 for k, v in ms.items()}, 0.0)
+    picks = {a: cm.best_gamma(a)[0] for a in (0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.99)}
+    assert set(picks.values()) <= {3, 15, 63}, picks
+    assert picks[0.6] == 3 and picks[0.95] == 15
