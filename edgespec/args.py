@@ -62,6 +62,9 @@ def add_generation_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--no-prefix-reuse", action="store_true",
                     help="prefill every prompt in full instead of reusing the KV cache of the longest prefix "
                     "already decoded (earlier turns of a chat)")
+    ap.add_argument("--rpc", default=None, metavar="HOST:PORT[,HOST:PORT...]",
+                    help="run the target's layers on these llama.cpp rpc-servers (python app.py rpc-server); the "
+                    "drafter stays on this machine")
     add_runtime_args(ap)
 
 

@@ -113,8 +113,13 @@ def lib_dir() -> Path:
 
 
 def read_manifest(directory: Path) -> dict:
+    return read_json(directory / MANIFEST)
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object from a file; {} when it is missing or not one."""
     try:
-        data = json.loads((directory / MANIFEST).read_text())
+        data = json.loads(path.read_text())
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}
@@ -304,3 +309,125 @@ def check_builtin_features(system_info: str, cpu: Cpu, manifest: dict) -> None:
             f"({', '.join(sorted(missing))}); it was built for {built_on.get('cpu', 'another processor')}: "
             "re-run scripts/setup.sh on this machine"
         )
+
+
+# ----------------------------------------------------------------------------- RPC (other machines)
+# llama.cpp's RPC backend is one more loadable module (libggml-rpc.so), built by the set-up from the
+# same source against this library, next to llama.cpp's `rpc-server` program (README, "More than
+# one machine"). Its folder is recorded in the manifest; RPC_INFO inside says what it was built for.
+RPC_INFO = "edgespec-rpc.json"
+RPC_PROGRAM = "ggml-rpc-server"
+
+
+def rpc_dir() -> Path | None:
+    """Folder of the RPC module and server program: EDGESPEC_RPC_DIR, else what the set-up recorded."""
+    env = os.environ.get("EDGESPEC_RPC_DIR")
+    if env:
+        return Path(env)
+    rec = read_manifest(lib_dir()).get("rpc")
+    return Path(rec) if rec else None
+
+
+def ggml_version() -> str:
+    """Version of the installed ggml (the ABI an RPC module must have been built against)."""
+    ggml = _ggml()
+    ggml.ggml_version.restype = ctypes.c_char_p
+    return ggml.ggml_version().decode()
+
+
+def rpc_module(llama_version: str) -> Path:
+    """The RPC backend module, checked: it and the server program are there and were built from the
+    source of the installed llama-cpp-python (`llama_version`) against its ggml; otherwise a one-line
+    error saying how to get them."""
+    d = rpc_dir()
+    if d is None or not (d / f"{_prefix()}ggml-rpc{_suffix()}").is_file() or not (d / RPC_PROGRAM).is_file():
+        raise EdgeSpecError("llama.cpp's RPC backend is not built here: re-run scripts/setup.sh (it builds it in "
+                            "about a minute; its log says why when it could not)")
+    info = read_json(d / RPC_INFO)
+    for what, version in (("llama-cpp-python", llama_version), ("ggml", ggml_version())):
+        if info.get(what) != version:
+            raise EdgeSpecError(f"the RPC backend in {d} was built for {what} {info.get(what)}, this one is "
+                                f"{version}: re-run scripts/setup.sh")
+    return d / f"{_prefix()}ggml-rpc{_suffix()}"
+
+
+def server_modules(directory: Path, cpu_sig: str, manifest: dict) -> list[Path]:
+    """The backend modules in `directory` an rpc-server on this machine may load: GPU/accelerator
+    modules and the CPU variants, less the AMX ones and those the build check saw crash here. The
+    server then picks the best-scoring CPU variant itself, which is the one `load` picks."""
+    crashed = set(manifest.get("checked", {}).get(cpu_sig, {}).get("fast", {}).get("crashed", []))
+    cpu = {p for name, p in cpu_modules(directory).items() if name not in AMX_VARIANTS | crashed}
+    others = [p for p in directory.glob(f"{_prefix()}ggml-*{_suffix()}")
+              if p.is_file() and p.name[len(_prefix()) + 5 : -len(_suffix())] not in ("base", "cpu")
+              and not p.name.startswith(f"{_prefix()}ggml-cpu-")]
+    return sorted(cpu | set(others))
+
+
+@dataclass(frozen=True)
+class RpcDevice:
+    handle: int  # ggml_backend_dev_t
+    endpoint: str
+    description: str
+    free: int  # bytes
+    total: int
+
+
+_rpc_reg: int | None = None
+
+
+def rpc_devices(module: Path, endpoint: str) -> list[RpcDevice]:
+    """Connect to the rpc-server at HOST:PORT through llama.cpp's RPC backend (loaded on first use)
+    and return its devices. llama.cpp aborts the process when the server cannot be reached or speaks
+    another protocol version, so only a process that may die calls this (edgespec.rpc's worker)."""
+    global _rpc_reg
+    ggml = _ggml()
+    if _rpc_reg is None:
+        reg = ggml.ggml_backend_load(str(module).encode())
+        if not reg:
+            raise EdgeSpecError(f"llama.cpp could not load its RPC backend from {module}: re-run scripts/setup.sh")
+        _rpc_reg = reg
+    ggml.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
+    ggml.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    ggml.ggml_backend_reg_dev_count.restype = ctypes.c_size_t
+    ggml.ggml_backend_reg_dev_count.argtypes = [ctypes.c_void_p]
+    ggml.ggml_backend_reg_dev_get.restype = ctypes.c_void_p
+    ggml.ggml_backend_reg_dev_get.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    ggml.ggml_backend_dev_description.restype = ctypes.c_char_p
+    ggml.ggml_backend_dev_description.argtypes = [ctypes.c_void_p]
+    ggml.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
+                                             ctypes.POINTER(ctypes.c_size_t)]
+    # ggml-rpc.h: ggml_backend_reg_t ggml_backend_rpc_add_server(const char * endpoint)
+    addr = ggml.ggml_backend_reg_get_proc_address(_rpc_reg, b"ggml_backend_rpc_add_server")
+    if not addr:
+        raise EdgeSpecError("this RPC backend has no ggml_backend_rpc_add_server: re-run scripts/setup.sh")
+    add_server = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(addr)
+    server = add_server(endpoint.encode())
+    if not server:
+        raise EdgeSpecError(f"the RPC server at {endpoint} offers no devices")
+    out = []
+    for i in range(ggml.ggml_backend_reg_dev_count(server)):
+        dev = ggml.ggml_backend_reg_dev_get(server, i)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        ggml.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        out.append(RpcDevice(dev, endpoint, ggml.ggml_backend_dev_description(dev).decode(), free.value, total.value))
+    return out
+
+
+_ggml_log_hook: list[object] = []  # the installed callback, kept alive
+
+
+def ggml_errors_to_stderr() -> None:
+    """Write ggml's own warnings and errors (the RPC client's among them: "RPC server version
+    mismatch: ...") to stderr as they come; llama.cpp's log stays captured by the runtime. For a
+    process that llama.cpp may abort, whose stderr its parent reads afterwards."""
+    proto = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+
+    def hook(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+        if level in (3, 4) and text:  # GGML_LOG_LEVEL_WARN, GGML_LOG_LEVEL_ERROR
+            os.write(2, text)
+
+    cb = proto(hook)
+    ggml = _ggml()
+    ggml.ggml_log_set.argtypes = [proto, ctypes.c_void_p]
+    ggml.ggml_log_set(cb, None)
+    _ggml_log_hook[:] = [cb]

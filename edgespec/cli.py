@@ -261,3 +261,7 @@ def _dispatch(argv: list[str]) -> int:
     from edgespec.ui import launch
 
     return launch(args)
+    if argv and argv[0] == "rpc-server":
+        from edgespec.rpc import main as rpc_main
+
+        return rpc_main(argv[1:])

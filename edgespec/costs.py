@@ -164,6 +164,8 @@ class Profile:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
+    if model.rpc_servers:  # the passes run there: T(K) includes the network round trips
+        parts.append(list(model.rpc_servers))
             tmp.write_text(json.dumps({
                 "model": model.path, "threads": model.n_threads, "flash_attn": model.flash_attn,
                 "repack": model.repack, "mode": be.mode, "cpu_variant": be.variant, "cpu": be.cpu.model,

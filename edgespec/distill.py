@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.drafters import onnx as learned
-from edgespec.errors import EdgeSpecError
+from edgespec.errors import EdgeSpecError, first_line
 
 DEFAULT_SUITE = "spec_bench"
 
@@ -399,13 +399,36 @@ def quantize_weights(model, block_size: int = 32):
     return q.model.model
 
 
+def check_out(out: Path) -> Path:
+    """The resolved output folder, checked before any work: a folder whose parent can be created and
+    written (a probe folder is made and removed there), and that is new, empty or an older drafter,
+    so that the export at the end of the budget cannot fail or replace someone else's files."""
+    out = out.expanduser().resolve()
+    if out.exists() or out.is_symlink():
+        if not out.is_dir():
+            raise EdgeSpecError(f"--out {out} is an existing file, not a drafter folder; name a new folder")
+        if any(out.iterdir()) and not (out / learned.MANIFEST).is_file():
+            raise EdgeSpecError(f"--out {out} is a folder with other files and no drafter ({learned.MANIFEST}) in it; "
+                                "name a new folder")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise EdgeSpecError(f"cannot create the folder {out.parent} for the drafter ({exc.strerror or first_line(exc)}); "
+                            "choose another --out") from None
+    try:
+        Path(tempfile.mkdtemp(prefix=f".{out.name}.probe-", dir=out.parent)).rmdir()
+    except OSError as exc:
+        raise EdgeSpecError(f"cannot write the drafter to {out}: {out.parent} takes no new folders "
+                            f"({exc.strerror or first_line(exc)}); choose another --out") from None
+    return out
+
+
 def export(out: Path, trainer: Trainer, subset: np.ndarray, manifest: dict, heldout: Dataset | None = None) -> Path:
     """Write drafter.onnx + manifest.json into a temporary sibling folder, check the graph against
     the numpy model in ONNX Runtime, then move it into place (replacing an older drafter)."""
     import onnx
 
-    out = out.expanduser().resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = check_out(out)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.part-", dir=out.parent))
     try:
         model = build_onnx(trainer.export_params(), trainer.head)
@@ -459,6 +482,7 @@ def run(cfg: DistillConfig, log: Callable[[str], None] = print) -> Path:
     budget_s = cfg.budget_minutes * 60.0
     end = t_start + budget_s
     train_prompts, held_ids = split_prompts(cfg.suites, cfg.holdout)
+    out = check_out(Path(cfg.out)) if cfg.out else None  # before anything is loaded or trained
     opts = RuntimeOptions(n_ctx=cfg.n_ctx, n_threads=cfg.threads)
     model = load_model(cfg.target, opts)
     session = Session(model, opts)
@@ -466,7 +490,7 @@ def run(cfg: DistillConfig, log: Callable[[str], None] = print) -> Path:
     if tensors.n_embd != model.n_embd or tensors.n_vocab < model.n_vocab:
         raise EdgeSpecError(f"{Path(model.path).name}: GGUF embeddings ({tensors.n_vocab}x{tensors.n_embd}) do not match "
                             f"the model ({model.n_vocab}x{model.n_embd})")
-    out = Path(cfg.out) if cfg.out else learned.store_dir() / Path(model.path).stem
+    out = out or check_out(learned.store_dir() / Path(model.path).stem)
     log(f"distilling a drafter for {Path(model.path).name} into {out} (budget {cfg.budget_minutes:g} min; "
         f"{len(train_prompts)} training prompts, {len(held_ids)} held out)")
 
@@ -556,12 +580,27 @@ def run(cfg: DistillConfig, log: Callable[[str], None] = print) -> Path:
         raise
     finally:
         session.close()
-    h = manifest["heldout"]
-    log(f"wrote {path} ({manifest['training']['tokens']} training tokens, {trainer.steps} steps, "
-        f"{manifest['training']['seconds']:.0f} s); held-out top-1 agreement {h['top1_agreement']}, "
-        f"greedy acceptance by draft depth {h['chain_acceptance']}, subset covers {h['subset_coverage']} of the target's tokens")
+    log(f"wrote {path} ({summary(manifest)})")
     log(f"use it: python app.py --target {cfg.target} --draft learned:{path}   (or ngram+learned:{path})")
     return path
+
+
+def summary(manifest: dict) -> str:
+    """The run's figures in words; a figure the held-out data could not give is said so, not None."""
+    tr, h = manifest["training"], manifest["heldout"]
+    parts = [f"{tr['tokens']} training tokens, {tr['steps']} steps, {tr['seconds']:.0f} s"]
+    if h["top1_agreement"] is None:
+        parts.append("too little text to hold any out for evaluation (raise --budget-minutes)")
+    else:
+        parts.append(f"held-out top-1 agreement {100 * h['top1_agreement']:.1f}%")
+        if h["subset_coverage"] is not None:
+            parts.append(f"the vocabulary subset covers {100 * h['subset_coverage']:.1f}% of the target's tokens")
+    depths = [f"{100 * a:.0f}%" for a in h["chain_acceptance"] if a is not None]
+    if depths:
+        parts.append(f"greedy acceptance at draft depth 1..{len(depths)}: {', '.join(depths)}")
+    else:
+        parts.append("no held-out generated answer to measure acceptance by draft depth")
+    return "; ".join(parts)
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:

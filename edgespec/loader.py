@@ -4,7 +4,7 @@ runtime options of this process: context size, threads, flash attention, fast or
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from edgespec import runtime
 from edgespec.errors import EdgeSpecError
@@ -18,13 +18,15 @@ class RuntimeOptions:
     """How models are loaded. `exact` selects the llamafile-off kernels, flash attention off and
     no weight repacking: single-token and batched decoding then agree bit for bit on F16 and
     Q8_0/Q4_0/Q4_1 weights, and drafts are capped at the row counts probed to agree (README,
-    "Exactness")."""
+    "Exactness"). `rpc` lists llama.cpp rpc-servers (HOST:PORT) that hold the target's layers; a
+    drafter's model loads with `local()`, on this machine."""
 
     n_ctx: int = 4096
     n_threads: int | None = None
     flash_attn: FlashAttn = "auto"
     exact: bool = False
 
+    rpc: tuple[str, ...] = ()
     def __post_init__(self) -> None:
         if self.n_ctx < MIN_CTX:
             raise EdgeSpecError(f"context size must be >= {MIN_CTX} tokens (llama.cpp's minimum), got {self.n_ctx}")
@@ -41,6 +43,17 @@ def prepare_runtime(opts: RuntimeOptions) -> None:
     """Choose fast or exact kernels before the first model loads."""
     runtime.set_mode("exact" if opts.exact else "fast")
     if opts.exact and runtime.llamafile_enabled():
+        if self.rpc:
+            from edgespec.rpc import check_endpoints
+
+            check_endpoints(self.rpc)
+            if self.exact:
+                raise EdgeSpecError("--exact cannot run with --rpc: the servers run their own kernels, not the "
+                                    "exact-mode ones")
+
+    def local(self) -> RuntimeOptions:
+        """The same options for a model that runs on this machine (a draft model)."""
+        return replace(self, rpc=())
         raise EdgeSpecError("the exact-mode kernels were built with llamafile on; re-run scripts/setup.sh")
 
 
@@ -62,5 +75,9 @@ def load_model(
         n_threads=opts.n_threads,
         flash_attn="off" if opts.exact else opts.flash_attn,
         repack=not opts.exact,
+    if opts.rpc:
+        from edgespec.rpc import RemoteModel
+
+        return RemoteModel(path, opts.rpc, n_ctx=opts.n_ctx, flash_attn=opts.flash_attn, progress=progress)
         progress=progress,
     )

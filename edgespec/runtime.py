@@ -190,6 +190,8 @@ class Model:
     Code that decodes behind the model's back (straight llama_cpp calls) must `reset()` after.
     """
 
+    rpc_servers: tuple[str, ...] = ()  # HOST:PORT of the rpc-servers holding the layers (edgespec.rpc)
+
     def __init__(
         self,
         path: str | os.PathLike,
@@ -200,6 +202,7 @@ class Model:
         flash_attn: FlashAttn = "auto",
         repack: bool = True,
         progress: Callable[[float], None] | None = None,
+        devices: Sequence[int] = (),
     ) -> None:
         p = check_gguf_file(path)
         llama = lib()
@@ -208,6 +211,10 @@ class Model:
         mparams.n_gpu_layers = int(os.environ.get("EDGESPEC_GPU_LAYERS", "0"))
         # Repacked (interleaved) weight layouts use other kernels; exact mode turns them off.
         mparams.use_extra_bufts = repack
+        if devices:  # ggml_backend_dev_t handles (RPC servers): every layer goes to them
+            device_list = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)  # NULL-terminated
+            mparams.devices = ctypes.cast(device_list, ctypes.c_void_p)
+            mparams.n_gpu_layers = -1
 
         @llama.llama_progress_callback
         def _progress(fraction: float, user_data: ctypes.c_void_p) -> bool:

@@ -145,7 +145,8 @@ class Request:
 
 
 def runtime_options(args: argparse.Namespace) -> RuntimeOptions:
-    return RuntimeOptions(n_ctx=args.ctx, n_threads=args.threads, flash_attn=args.flash_attn, exact=args.exact)
+    return RuntimeOptions(n_ctx=args.ctx, n_threads=args.threads, flash_attn=args.flash_attn, exact=args.exact,
+                          rpc=tuple(args.rpc.split(",")) if args.rpc else ())
 
 
 @dataclass

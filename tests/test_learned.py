@@ -35,6 +35,7 @@ def drafter_dir(tmp_path_factory):
     assert res.returncode == 0, res.stderr[-2000:]
     assert took < 120, f"distill took {took:.0f} s"
     assert "wrote" in res.stdout and "ETA" in res.stderr  # a progress bar with an ETA
+    assert "None" not in res.stdout, res.stdout  # the summary says what it could not measure, in words
     return out
 
 
@@ -165,3 +166,32 @@ def test_distill_bad_input_is_one_line():
     res = run_app("distill", "--target", "smollm2-135m", "--budget-minutes", "0", timeout=60)
     assert res.returncode != 0 and "Traceback" not in res.stderr
     assert res.stderr.strip().splitlines() == ["error: --budget-minutes must be > 0, got 0.0"]
+
+
+@pytest.mark.parametrize("out, message", [
+    ("/proc/x", "cannot write the drafter to /proc/x: /proc takes no new folders"),
+    ("/sys/x", "cannot write the drafter to /sys/x: /sys takes no new folders"),
+])
+def test_distill_refuses_an_unwritable_out_before_training(out, message):
+    t0 = time.monotonic()
+    res = run_app("distill", "--target", "smollm2-135m", "--budget-minutes", "0.5", "--out", out, timeout=120)
+    took = time.monotonic() - t0
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    err = res.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {message}"), res.stderr
+    assert "collect" not in res.stderr and took < 25, f"{took:.0f} s"  # refused before the 30-second budget ran
+
+
+def test_distill_refuses_an_existing_file_or_foreign_folder_and_leaves_them(tmp_path):
+    precious = tmp_path / "notes.txt"
+    precious.write_text("my notes\n")
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    (folder / "cat.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
+    for out, message in [(precious, "is an existing file, not a drafter folder"),
+                         (folder, "is a folder with other files and no drafter (manifest.json) in it")]:
+        res = run_app("distill", "--target", "smollm2-135m", "--budget-minutes", "0.3", "--out", str(out), timeout=120)
+        assert res.returncode == 1 and "Traceback" not in res.stderr
+        assert res.stderr.strip().splitlines() == [f"error: --out {out} {message}; name a new folder"], res.stderr
+    assert precious.read_text() == "my notes\n" and (folder / "cat.jpg").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "photos"]  # nothing moved aside or left behind

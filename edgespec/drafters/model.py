@@ -117,7 +117,7 @@ class ModelDrafter:
 @register("model", "a small GGUF model with the target's vocabulary (--draft model:PATH_OR_NAME, or just the name)",
           takes_model=True)
 def _build(ctx: DraftContext) -> ModelDrafter:
-    return ModelDrafter(load_model(ctx.arg, ctx.opts), ctx.target)
+    return ModelDrafter(load_model(ctx.arg, ctx.opts.local()), ctx.target)  # the drafter stays on this machine
 
 
 def _top_prob(logits: np.ndarray) -> float:
