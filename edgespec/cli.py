@@ -246,6 +246,10 @@ def _dispatch(argv: list[str]) -> int:
         from edgespec.server import main as serve_main
 
         return serve_main(argv[1:])
+    if argv and argv[0] == "rpc-server":
+        from edgespec.rpc import main as rpc_main
+
+        return rpc_main(argv[1:])
     if argv and argv[0] == "distill":
         from edgespec.distill import main as distill_main
 
@@ -261,7 +265,3 @@ def _dispatch(argv: list[str]) -> int:
     from edgespec.ui import launch
 
     return launch(args)
-    if argv and argv[0] == "rpc-server":
-        from edgespec.rpc import main as rpc_main
-
-        return rpc_main(argv[1:])

@@ -132,6 +132,8 @@ def _key(model: Model) -> str:
         getattr(runtime.lib(), "__version__", ""), be.mode, be.variant, be.module, be.cpu.signature,
         sorted(os.sched_getaffinity(0)), PROFILE_VERSION, CONTEXT_AT,
     ]
+    if model.rpc_servers:  # the passes run there: T(K) includes the network round trips
+        parts.append(list(model.rpc_servers))
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
 
 
@@ -164,8 +166,6 @@ class Profile:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
-    if model.rpc_servers:  # the passes run there: T(K) includes the network round trips
-        parts.append(list(model.rpc_servers))
             tmp.write_text(json.dumps({
                 "model": model.path, "threads": model.n_threads, "flash_attn": model.flash_attn,
                 "repack": model.repack, "mode": be.mode, "cpu_variant": be.variant, "cpu": be.cpu.model,

@@ -25,8 +25,8 @@ class RuntimeOptions:
     n_threads: int | None = None
     flash_attn: FlashAttn = "auto"
     exact: bool = False
-
     rpc: tuple[str, ...] = ()
+
     def __post_init__(self) -> None:
         if self.n_ctx < MIN_CTX:
             raise EdgeSpecError(f"context size must be >= {MIN_CTX} tokens (llama.cpp's minimum), got {self.n_ctx}")
@@ -37,12 +37,6 @@ class RuntimeOptions:
         if self.exact and self.flash_attn == "on":
             raise EdgeSpecError("--exact turns flash attention off (its batched path changes the arithmetic); "
                                 "drop --flash-attn on")
-
-
-def prepare_runtime(opts: RuntimeOptions) -> None:
-    """Choose fast or exact kernels before the first model loads."""
-    runtime.set_mode("exact" if opts.exact else "fast")
-    if opts.exact and runtime.llamafile_enabled():
         if self.rpc:
             from edgespec.rpc import check_endpoints
 
@@ -54,6 +48,12 @@ def prepare_runtime(opts: RuntimeOptions) -> None:
     def local(self) -> RuntimeOptions:
         """The same options for a model that runs on this machine (a draft model)."""
         return replace(self, rpc=())
+
+
+def prepare_runtime(opts: RuntimeOptions) -> None:
+    """Choose fast or exact kernels before the first model loads."""
+    runtime.set_mode("exact" if opts.exact else "fast")
+    if opts.exact and runtime.llamafile_enabled():
         raise EdgeSpecError("the exact-mode kernels were built with llamafile on; re-run scripts/setup.sh")
 
 
@@ -69,15 +69,15 @@ def load_model(
 
     prepare_runtime(opts)
     path = resolve(name, download_progress)
+    if opts.rpc:
+        from edgespec.rpc import RemoteModel
+
+        return RemoteModel(path, opts.rpc, n_ctx=opts.n_ctx, flash_attn=opts.flash_attn, progress=progress)
     return Model(
         path,
         n_ctx=opts.n_ctx,
         n_threads=opts.n_threads,
         flash_attn="off" if opts.exact else opts.flash_attn,
         repack=not opts.exact,
-    if opts.rpc:
-        from edgespec.rpc import RemoteModel
-
-        return RemoteModel(path, opts.rpc, n_ctx=opts.n_ctx, flash_attn=opts.flash_attn, progress=progress)
         progress=progress,
     )

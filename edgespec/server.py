@@ -703,6 +703,9 @@ def load(args: argparse.Namespace) -> tuple[Server, Any]:
 
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
+    if args.model_id is not None and not args.model_id.strip():
+        raise EdgeSpecError("--model-id is empty; give the name clients send as 'model', or leave it out to use "
+                            "the --target name")
     check_exposure(args.host, args.api_key)
     check_address(args.host, args.port)
     server, pool = load(args)

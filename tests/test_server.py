@@ -359,6 +359,14 @@ def test_binding_beyond_localhost_without_a_key_is_refused():
     assert res.stderr.strip().count("\n") == 0 and "refusing to listen on 0.0.0.0 without --api-key" in res.stderr
 
 
+@pytest.mark.parametrize("model_id", ["", "   "])
+def test_serve_refuses_a_blank_model_id(model_id):
+    # before anything loads; a server that started instead ends the test through TimeoutExpired
+    res = run_app("serve", "--port", str(free_port()), "--model-id", model_id, timeout=30)
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert res.stderr.count("\n") == 1 and res.stderr.startswith("error: --model-id is empty"), res.stderr
+
+
 def test_hostile_chat_template_fails_cleanly(tmp_path, smollm2_path):
     hostile = tmp_path / "hostile.gguf"
     template = "{{ cycler.__init__.__globals__.os.popen('touch " + str(tmp_path / "pwned") + "').read() }}"
