@@ -15,7 +15,9 @@ How a request runs (the only generation path is `Session.generate`):
   * the Session keeps the KV cache between requests, so a chat client that resends the
     conversation each turn gets only the new turn prefilled (`timings.cache_n`, `prompt_n`);
   * a client that disconnects (mid-stream, or while waiting) sets the job's stop event: the engine
-    ends at the next step and the worker takes the next job.
+    ends at the next step and the worker takes the next job;
+  * Ctrl-C (SIGINT) or SIGTERM stops every running and waiting job the same way, so each open stream
+    ends with its final chunk (finish_reason) and [DONE] before the server exits (130 after Ctrl-C).
 
 Responses carry llama-server's `timings` (prompt_n, cache_n, predicted_per_second, draft_n,
 draft_n_accepted, ...) plus acceptance, alpha and mean accepted tokens per target call; streamed
@@ -36,6 +38,7 @@ import ipaddress
 import json
 import os
 import queue
+import signal
 import socket
 import sys
 import threading
@@ -214,6 +217,10 @@ class Busy(Exception):
     pass
 
 
+class Closing(Exception):
+    """The server is shutting down and takes no new jobs."""
+
+
 class ModelSlot:
     """One served target: its pool key, a bounded job queue and one worker thread, so one
     generation runs at a time and at most `queue_size` wait."""
@@ -232,15 +239,28 @@ class ModelSlot:
         self.running = False
         self.generations = 0
         self.stopped = 0
+        self.closing = False
+        self._live: dict[int, Job] = {}  # jobs accepted and not finished, by id()
         self._thread = threading.Thread(target=self._work, name=f"edgespec-worker-{model_id}", daemon=True)
         self._thread.start()
 
     def submit(self, job: Job) -> None:
         with self._lock:
+            if self.closing:
+                raise Closing()
             if self.pending >= 1 + self.queue_size:
                 raise Busy()
             self.pending += 1
+            self._live[id(job)] = job
         self.jobs.put(job)
+
+    def stop_all(self) -> None:
+        """Shutting down: take no new jobs; the running one ends at its next step, waiting ones at once."""
+        with self._lock:
+            self.closing = True
+            live = list(self._live.values())
+        for job in live:
+            job.stop.set()
 
     @property
     def waiting(self) -> int:
@@ -254,10 +274,11 @@ class ModelSlot:
             job = self.jobs.get()
             if job is None:
                 return
-            if job.stop.is_set():  # the client left while waiting
+            if job.stop.is_set():  # the client left while waiting, or the server is shutting down
                 job.emit("done", None)
                 with self._lock:
                     self.pending -= 1
+                    self._live.pop(id(job), None)
                 continue
             self.running = True
             try:
@@ -272,6 +293,7 @@ class ModelSlot:
                 with self._lock:
                     self.running = False
                     self.pending -= 1
+                    self._live.pop(id(job), None)
 
     def _run(self, job: Job) -> None:
         req = job.req
@@ -514,6 +536,9 @@ def create_app(server: Server, ui: Any = None):  # noqa: ANN201 - a FastAPI app
                     job.stop.set()
                     raise ApiError(499, "client closed the request") from None
 
+    def shutting_down() -> ApiError:
+        return ApiError(503, "the server is shutting down", "server_shutting_down", kind="server_error")
+
     async def handle(request: HTTPRequest, kind: Literal["chat", "completion"]) -> Any:
         check_key(request)
         body = _parse(await request.body(), kind)
@@ -525,12 +550,14 @@ def create_app(server: Server, ui: Any = None):  # noqa: ANN201 - a FastAPI app
         except Busy:
             raise ApiError(429, f"the server is busy: one generation is running and {target.queue_size} are waiting "
                            "(the queue is full); retry shortly", "queue_full", kind="rate_limit_error") from None
+        except Closing:
+            raise shutting_down() from None
         try:
             what, payload = await next_message(job, request)
             if what == "error":
                 raise payload
             if what == "done":  # stopped before it started
-                raise ApiError(499, "client closed the request")
+                raise shutting_down() if target.closing else ApiError(499, "client closed the request")
         except BaseException:
             job.stop.set()
             raise
@@ -729,8 +756,33 @@ def main(argv: Sequence[str]) -> int:
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=2)
     try:
-        uvicorn.Server(config).run()
+        interrupted = run_until_signalled(config, server.slot)
     finally:
         server.slot.close()
         pool.close()
+    if interrupted:
+        raise KeyboardInterrupt  # run_command: "interrupted", exit status 130
     return 0
+
+
+def run_until_signalled(config: Any, slot: ModelSlot) -> bool:
+    """Serve until SIGINT or SIGTERM, then end cleanly: every running and waiting generation is
+    stopped (it ends at its next step), so open streams send their final chunk and [DONE] within
+    uvicorn's graceful shutdown instead of being cancelled mid-response. True if SIGINT ended it."""
+    import uvicorn
+
+    class Uvicorn(uvicorn.Server):
+        interrupted = False
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            # a signal handler: only flags here; the jobs are stopped from the event loop, in shutdown()
+            self.interrupted = self.interrupted or sig == signal.SIGINT
+            super().handle_exit(sig, frame)
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            slot.stop_all()
+            await super().shutdown(sockets)
+
+    userver = Uvicorn(config)
+    userver.run()
+    return userver.interrupted

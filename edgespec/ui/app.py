@@ -1,6 +1,7 @@
 """The Gradio app: Chat, Race, Models and Bench tabs over one shared pool of loaded models."""
 
 import argparse
+import time
 
 import gradio as gr
 
@@ -45,11 +46,20 @@ def build_app(opts: RuntimeOptions | None = None, defaults: Defaults | None = No
 
 def start(app: gr.Blocks, host: str = "127.0.0.1", port: int | None = None, block: bool = True) -> str:
     """Launch `app` with the EdgeSpec theme and CSS; returns the local URL. With block=False the
-    server runs on a background thread (close it with app.close())."""
+    server runs on a background thread (close it with app.close()); with block=True this waits
+    until the server stops, and Ctrl-C closes it and raises KeyboardInterrupt (exit status 130
+    through run_command; Gradio's own wait would swallow it and exit 0)."""
     _, url, _ = app.launch(
-        server_name=host, server_port=port, prevent_thread_lock=not block, css=CSS,
-        theme=gr.themes.Soft(), quiet=not block, footer_links=["api"],
+        server_name=host, server_port=port, prevent_thread_lock=True, css=CSS, theme=gr.themes.Soft(),
+        quiet=not block, footer_links=["api"],
     )
+    if block:
+        try:
+            while app.is_running:
+                time.sleep(0.2)
+        except KeyboardInterrupt:
+            app.close(verbose=False)
+            raise
     return url
 
 
