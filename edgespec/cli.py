@@ -37,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-color", action="store_true")
     ap.add_argument("--host", default="127.0.0.1", help="UI address (default 127.0.0.1)")
     ap.add_argument("--port", type=int, default=7860, help="UI port (default 7860)")
+    ap.add_argument("--api-key", default=None, help="UI login password, any user name (default: $EDGESPEC_API_KEY); "
+                    "needed for a --host other than loopback")
     add_generation_args(ap)
     return ap
 

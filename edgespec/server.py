@@ -44,7 +44,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -648,13 +648,7 @@ def create_app(server: Server, ui: Any = None):  # noqa: ANN201 - a FastAPI app
 
         from edgespec.ui.render import CSS
 
-        auth = None
-        if server.api_key is not None:
-            key = server.api_key
-
-            def auth(user: str, password: str) -> bool:
-                return hmac.compare_digest(password.encode(), key.encode())
-
+        auth = None if server.api_key is None else key_auth(server.api_key)
         app = gr.mount_gradio_app(app, ui, path="/ui", css=CSS, theme=gr.themes.Soft(), auth=auth,
                                   auth_message="The password is the server's API key." if auth else None)
     return app
@@ -694,13 +688,23 @@ def is_loopback(host: str) -> bool:
 
 
 def check_exposure(host: str, api_key: str | None) -> None:
-    """Refuse to serve beyond this machine without an API key (one line, before anything loads)."""
+    """Refuse to serve the API or the UI beyond this machine without an API key (one line, before
+    anything loads)."""
     if api_key is not None and not api_key.strip():
         raise EdgeSpecError("--api-key is empty")
     if not is_loopback(host) and not api_key:
         raise EdgeSpecError(f"refusing to listen on {host} without --api-key: anyone who can reach this machine "
-                            "could use the model; add --api-key KEY (clients send 'Authorization: Bearer KEY') "
-                            "or keep the default --host 127.0.0.1")
+                            "could use the model; add --api-key KEY (API clients send 'Authorization: Bearer KEY', "
+                            "the web UI asks for it as the password) or keep the default --host 127.0.0.1")
+
+
+def key_auth(key: str) -> Callable[[str, str], bool]:
+    """Gradio's login check for the web UI: any user name, the API key as the password."""
+
+    def auth(user: str, password: str) -> bool:
+        return hmac.compare_digest(password.encode(), key.encode())
+
+    return auth
 
 
 def load(args: argparse.Namespace) -> tuple[Server, Any]:

@@ -1,5 +1,6 @@
 """What a user meets at the edges of `serve` and the web UI, on real subprocesses on 127.0.0.1:
-Ctrl-C during a stream ends it cleanly with status 130, and so does Ctrl-C in the web UI."""
+Ctrl-C during a stream ends it cleanly with status 130, the UI follows the server's rule for
+addresses beyond loopback (a key, used as the login password)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,13 @@ MODEL = "smollm2-135m"
 
 def env_without_key() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "EDGESPEC_API_KEY"}
+
+
+def run(*args: str, timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`python app.py ARGS`; a command that should refuse at once but serves instead fails the test
+    through TimeoutExpired (subprocess.run kills it first)."""
+    return subprocess.run([sys.executable, str(ROOT / "app.py"), *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env=env or env_without_key())
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -98,3 +106,30 @@ def test_ctrl_c_in_the_web_ui_exits_130():
         stop(proc)
     assert code == 130, err
     assert "Traceback" not in err and err.rstrip().endswith("interrupted"), err
+
+
+def test_web_ui_beyond_loopback_needs_a_key_like_serve():
+    port = str(free_port())
+    res = run("--host", "0.0.0.0", "--port", port, timeout=60)
+    assert res.returncode == 1, res.stderr
+    assert res.stderr.count("\n") == 1 and "refusing to listen on 0.0.0.0 without --api-key" in res.stderr
+    res = run("--host", "0.0.0.0", "--port", port, "--api-key", " ", timeout=60)
+    assert res.returncode == 1 and res.stderr == "error: --api-key is empty\n"
+
+
+def test_web_ui_with_a_key_asks_for_it_as_the_password():
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--host", "0.0.0.0", "--port", str(port),
+                             "--target", MODEL], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**env_without_key(), "EDGESPEC_API_KEY": "ui-key-42"})
+    try:
+        wait_http(url + "/", proc)
+        assert httpx.get(url + "/config", timeout=10).status_code == 401
+        with httpx.Client(base_url=url, timeout=10) as client:
+            assert client.post("/login", data={"username": "me", "password": "wrong"}).status_code == 400
+            assert client.get("/config").status_code == 401
+            assert client.post("/login", data={"username": "me", "password": "ui-key-42"}).status_code == 200
+            assert client.get("/config").status_code == 200
+    finally:
+        stop(proc)

@@ -1,7 +1,9 @@
 """The Gradio app: Chat, Race, Models and Bench tabs over one shared pool of loaded models."""
 
 import argparse
+import os
 import time
+from collections.abc import Callable
 
 import gradio as gr
 
@@ -44,14 +46,16 @@ def build_app(opts: RuntimeOptions | None = None, defaults: Defaults | None = No
     return app
 
 
-def start(app: gr.Blocks, host: str = "127.0.0.1", port: int | None = None, block: bool = True) -> str:
+def start(app: gr.Blocks, host: str = "127.0.0.1", port: int | None = None, block: bool = True,
+          auth: Callable[[str, str], bool] | None = None) -> str:
     """Launch `app` with the EdgeSpec theme and CSS; returns the local URL. With block=False the
     server runs on a background thread (close it with app.close()); with block=True this waits
     until the server stops, and Ctrl-C closes it and raises KeyboardInterrupt (exit status 130
     through run_command; Gradio's own wait would swallow it and exit 0)."""
     _, url, _ = app.launch(
         server_name=host, server_port=port, prevent_thread_lock=True, css=CSS, theme=gr.themes.Soft(),
-        quiet=not block, footer_links=["api"],
+        quiet=not block, footer_links=["api"], auth=auth,
+        auth_message="The password is the API key (--api-key or EDGESPEC_API_KEY)." if auth else None,
     )
     if block:
         try:
@@ -65,9 +69,13 @@ def start(app: gr.Blocks, host: str = "127.0.0.1", port: int | None = None, bloc
 
 def launch(args: argparse.Namespace) -> int:
     """`python app.py`: open the UI at args.host:args.port with the command line's settings."""
+    from edgespec.server import check_exposure, key_auth
     from edgespec.session import parse_gamma, parse_ngram, runtime_options
     from models import DEFAULT_TARGET, resolve
 
+    # the same rule as `serve`: beyond loopback only with a key (here the login password)
+    key = args.api_key if args.api_key is not None else os.environ.get("EDGESPEC_API_KEY") or None
+    check_exposure(args.host, key)
     target = args.target or DEFAULT_TARGET
     resolve(target)  # a bad --target, --gamma or --draft fails here, as one line, before a server starts
     parse_gamma(args.gamma)
@@ -78,5 +86,5 @@ def launch(args: argparse.Namespace) -> int:
         min_p=args.min_p, seed=args.seed, system=args.system or Defaults.system,
     )
     app = build_app(runtime_options(args), defaults)
-    start(app, args.host, args.port, block=True)
+    start(app, args.host, args.port, block=True, auth=key_auth(key) if key else None)
     return 0
