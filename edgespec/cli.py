@@ -249,7 +249,7 @@ def _dispatch(argv: list[str]) -> int:
 
         return serve_main(argv[1:])
     if argv and argv[0] == "rpc-server":
-        from edgespec.rpc import main as rpc_main
+        from edgespec.rpc_server import main as rpc_main
 
         return rpc_main(argv[1:])
     if argv and argv[0] == "distill":

@@ -20,7 +20,6 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import importlib.metadata
-import ipaddress
 import itertools
 import json
 import math
@@ -444,59 +443,6 @@ def _worker_main(argv: list[str]) -> int:
         return 0
 
 
-# ----------------------------------------------------------------------------- python app.py rpc-server
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def main(argv: Sequence[str]) -> int:
-    """`python app.py rpc-server`: llama.cpp's rpc-server (the set-up's build) with this machine's
-    CPU kernels; loopback only unless --allow-remote."""
-    from edgespec.args import Parser, check_address
-
-    ap = Parser(prog="python app.py rpc-server",
-                description="hold a target's layers for EdgeSpec on another machine (llama.cpp's rpc-server)")
-    ap.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
-    ap.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
-    ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: all available cores)")
-    ap.add_argument("--allow-remote", action="store_true",
-                    help="listen on an address other machines can reach (the RPC protocol has no authentication)")
-    ap.add_argument("--cache", action="store_true",
-                    help="keep received weights on disk (llama.cpp's cache, ~/.cache/llama.cpp/rpc) so a reload is faster")
-    args = ap.parse_args(list(argv))
-    cores = len(os.sched_getaffinity(0))
-    threads = args.threads if args.threads is not None else cores
-    if not 1 <= threads <= cores:
-        raise EdgeSpecError(f"--threads must be between 1 and {cores}, the cores this process may use; got {threads}")
-    if not _loopback(args.host) and not args.allow_remote:
-        raise EdgeSpecError(f"--host {args.host} opens the server to other machines, and llama.cpp's RPC protocol has "
-                            "no authentication or encryption (whoever reaches the port can use this machine's memory "
-                            "and CPU): add --allow-remote on a trusted network only")
-    check_address(args.host, args.port)
-    folder = backend.rpc_module(llama_version()).parent
-    if not _loopback(args.host):
-        print(f"warning: listening on {args.host}:{args.port} with no authentication or encryption (llama.cpp's RPC "
-              "protocol has none): keep the port behind a firewall or VPN", file=sys.stderr)
-    program = str(folder / backend.RPC_PROGRAM)
-    cmd = [program, "--host", args.host, "--port", str(args.port), "--threads", str(threads)]
-    if args.cache:
-        cmd.append("--cache")
-    env = {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join(
-        [str(folder), *filter(None, [os.environ.get("LD_LIBRARY_PATH")])])}
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # The program loads every backend module in its folder and its working directory: run it in
-    # its folder, which holds this library and its CPU kernels (without the AMX variant).
-    os.chdir(folder)
-    os.execve(program, cmd, env)
-    return 0  # not reached: execve replaced this process
-
-
 # ----------------------------------------------------------------------------- the set-up's steps
 def free_port() -> int:
     """A TCP port on 127.0.0.1 nothing listens on right now."""
@@ -509,7 +455,7 @@ def start_server(port: int, threads: int = 1, folder: Path | None = None) -> sub
     """`python app.py rpc-server` on 127.0.0.1:`port` as a child process, ready once this returns
     (it accepts connections); its output goes to /dev/null."""
     env = None if folder is None else {**os.environ, "EDGESPEC_RPC_DIR": str(folder)}
-    proc = subprocess.Popen([sys.executable, "-m", "edgespec.rpc", "serve", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "edgespec.rpc_server", "--port", str(port),
                              "--threads", str(threads)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, env=env, cwd=Path(__file__).resolve().parent.parent)
     deadline = time.monotonic() + START_S
@@ -582,8 +528,6 @@ def record(folder: Path) -> None:
 def _module_main(argv: list[str]) -> int:
     if argv and argv[0] == "worker":  # RemoteModel's worker process (no user runs this)
         return _worker_main(argv[1:])
-    if argv and argv[0] == "serve":  # python app.py rpc-server, for tests and the set-up's check
-        return run_command(lambda: main(argv[1:]))
     if len(argv) == 3 and argv[0] == "assemble":
         return run_command(lambda: assemble(Path(argv[1]), Path(argv[2])))
     if len(argv) == 2 and argv[0] == "record":
