@@ -104,7 +104,7 @@ class SpecRun:
 
 _DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([0-9.]+) seconds")
 _ENCODED = re.compile(r"encoded\s+(\d+) tokens in")
-_COUNT = re.compile(r"^\s*(n_drafted|n_accept)\s*=\s*(\d+)", re.M)
+_COUNT = re.compile(r"^(?:[0-9.]+ I )?\s*(n_drafted|n_accept)\s*=\s*(\d+)", re.M)  # lines may carry a timestamp
 
 
 class LlamaCppSpeculative:
@@ -127,11 +127,14 @@ class LlamaCppSpeculative:
         self.name = PREFIX + spec_type
 
     def prompt_text(self, tokens: Sequence[int]) -> str:
-        """Text the program tokenizes back into `tokens` (it adds BOS itself)."""
+        """Text the program tokenizes back into `tokens` (it adds BOS itself where the model wants one;
+        Qwen and SmolLM2 do not)."""
         info = self.target.info
-        if not (info.add_bos and tokens and tokens[0] == info.bos):
-            raise EdgeSpecError("the llama.cpp reference needs prompts that start with the model's BOS token")
-        return self.target.render_special(tokens[1:])
+        if info.add_bos:
+            if not (tokens and tokens[0] == info.bos):
+                raise EdgeSpecError("the llama.cpp reference needs prompts that start with the model's BOS token")
+            tokens = tokens[1:]
+        return self.target.render_special(tokens)
 
     def generate(self, tokens: Sequence[int], max_tokens: int) -> SpecRun:
         t = self.target
