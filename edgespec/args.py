@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import hmac
 import ipaddress
 import socket
 import sys
+from collections.abc import Callable
 from typing import NoReturn
 
 from edgespec.errors import EdgeSpecError
@@ -86,3 +88,38 @@ def check_address(host: str, port: int) -> None:
             s.bind((host, port))
         except OSError as exc:
             raise EdgeSpecError(f"cannot listen on {host}:{port}: {exc.strerror} (pick another --port/--host)") from None
+
+
+def is_loopback(host: str) -> bool:
+    """True if every address `host` names is a loopback address."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except (socket.gaierror, UnicodeError):
+        return False
+    return bool(infos) and all(ipaddress.ip_address(i[4][0].split("%")[0]).is_loopback for i in infos)
+
+
+def check_exposure(host: str, api_key: str | None) -> None:
+    """Refuse to serve the API or the UI beyond this machine without an API key (one line, before
+    anything loads)."""
+    if api_key is not None and not api_key.strip():
+        raise EdgeSpecError("--api-key is empty")
+    if not is_loopback(host) and not api_key:
+        raise EdgeSpecError(f"refusing to listen on {host} without --api-key: anyone who can reach this machine "
+                            "could use the model; add --api-key KEY (API clients send 'Authorization: Bearer KEY', "
+                            "the web UI asks for it as the password) or keep the default --host 127.0.0.1")
+
+
+def key_auth(key: str) -> Callable[[str, str], bool]:
+    """Gradio's login check for the web UI: any user name, the API key as the password."""
+
+    def auth(user: str, password: str) -> bool:
+        return hmac.compare_digest(password.encode(), key.encode())
+
+    return auth

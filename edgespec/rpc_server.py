@@ -3,23 +3,13 @@ holding a target's layers for an EdgeSpec elsewhere (README, "More than one mach
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import sys
 from collections.abc import Sequence
 
 from edgespec import backend, rpc
-from edgespec.args import Parser, check_address
+from edgespec.args import Parser, check_address, is_loopback
 from edgespec.errors import EdgeSpecError, run_command
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def main(argv: Sequence[str]) -> int:
@@ -39,13 +29,13 @@ def main(argv: Sequence[str]) -> int:
     threads = args.threads if args.threads is not None else cores
     if not 1 <= threads <= cores:
         raise EdgeSpecError(f"--threads must be between 1 and {cores}, the cores this process may use; got {threads}")
-    if not _loopback(args.host) and not args.allow_remote:
+    if not is_loopback(args.host) and not args.allow_remote:
         raise EdgeSpecError(f"--host {args.host} opens the server to other machines, and llama.cpp's RPC protocol has "
                             "no authentication or encryption (whoever reaches the port can use this machine's memory "
                             "and CPU): add --allow-remote on a trusted network only")
     check_address(args.host, args.port)
     folder = backend.rpc_module(rpc.llama_version()).parent
-    if not _loopback(args.host):
+    if not is_loopback(args.host):
         print(f"warning: listening on {args.host}:{args.port} with no authentication or encryption (llama.cpp's RPC "
               "protocol has none): keep the port behind a firewall or VPN", file=sys.stderr)
     program = str(folder / backend.RPC_PROGRAM)

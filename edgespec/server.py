@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hmac
-import ipaddress
 import json
 import os
 import queue
@@ -44,7 +43,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -52,7 +51,7 @@ from typing import Any, Literal
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse
 
-from edgespec.args import Parser, add_generation_args, check_address
+from edgespec.args import Parser, add_generation_args, check_address, check_exposure, key_auth
 from edgespec.errors import EdgeSpecError
 from edgespec.sampling import SamplingParams
 
@@ -670,41 +669,6 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--model-id", default=None, help="the model's id in the API (default: the --target name)")
     add_generation_args(ap)
     return ap
-
-
-def is_loopback(host: str) -> bool:
-    """True if every address `host` names is a loopback address."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        pass
-    try:
-        infos = socket.getaddrinfo(host, None)
-    except (socket.gaierror, UnicodeError):
-        return False
-    return bool(infos) and all(ipaddress.ip_address(i[4][0].split("%")[0]).is_loopback for i in infos)
-
-
-def check_exposure(host: str, api_key: str | None) -> None:
-    """Refuse to serve the API or the UI beyond this machine without an API key (one line, before
-    anything loads)."""
-    if api_key is not None and not api_key.strip():
-        raise EdgeSpecError("--api-key is empty")
-    if not is_loopback(host) and not api_key:
-        raise EdgeSpecError(f"refusing to listen on {host} without --api-key: anyone who can reach this machine "
-                            "could use the model; add --api-key KEY (API clients send 'Authorization: Bearer KEY', "
-                            "the web UI asks for it as the password) or keep the default --host 127.0.0.1")
-
-
-def key_auth(key: str) -> Callable[[str, str], bool]:
-    """Gradio's login check for the web UI: any user name, the API key as the password."""
-
-    def auth(user: str, password: str) -> bool:
-        return hmac.compare_digest(password.encode(), key.encode())
-
-    return auth
 
 
 def load(args: argparse.Namespace) -> tuple[Server, Any]:

@@ -69,7 +69,7 @@ def start(app: gr.Blocks, host: str = "127.0.0.1", port: int | None = None, bloc
 
 def launch(args: argparse.Namespace) -> int:
     """`python app.py`: open the UI at args.host:args.port with the command line's settings."""
-    from edgespec.server import check_exposure, key_auth
+    from edgespec.args import check_exposure, key_auth
     from edgespec.session import parse_gamma, parse_ngram, runtime_options
     from models import DEFAULT_TARGET, resolve
 
