@@ -28,7 +28,7 @@ import json
 import os
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,7 +70,9 @@ def profile_dir() -> Path:
     return Path(os.environ.get("EDGESPEC_CACHE", Path.home() / ".cache" / "edgespec")) / "profiles"
 
 
-def measure_pass_costs(model: Model, rows: Sequence[int], repeats: int = 3, at: int = CONTEXT_AT) -> dict[int, float]:
+def measure_pass_costs(model: Model, rows: Sequence[int], repeats: int = 3, at: int = CONTEXT_AT,
+                       samples: dict[int, list[float]] | None = None, save: Callable[[], None] | None = None,
+                       progress: Callable[[float], None] | None = None) -> dict[int, float]:
     """Median seconds of one pass over K rows (logits on every row), for K in `rows`, with `at`
     tokens of context before them, where real steps run (a pass attends to everything before it:
     timed from position 0, T(K) came out lower than in generation).
@@ -79,7 +81,26 @@ def measure_pass_costs(model: Model, rows: Sequence[int], repeats: int = 3, at: 
     whose prefix the next turn reuses) up to `at` tokens in all, and cut back afterwards. Only when
     not even the passes fit behind it is the cache cleared. Row counts are interleaved across repeats
     so that machine noise hits them alike.
+
+    Resuming: `samples` {K: seconds of each timed pass} holds what an interrupted measurement timed
+    (kept in the stored profile); it is extended in place after every round over the row counts,
+    `save()` is called then, and only the rounds missing are measured (after the warm-up round, which
+    is never kept). progress(fraction) follows the work, weighted by rows (a pass costs about its
+    rows), the saved samples counted as done.
     """
+    samples = {} if samples is None else samples
+    for k in rows:
+        samples.setdefault(k, [])
+        del samples[k][repeats:]
+    rounds = [todo for r in range(1, repeats + 1) if (todo := [k for k in rows if len(samples[k]) < r])]
+    if not rounds:
+        return {k: float(np.median(samples[k])) for k in rows}
+    rounds.insert(0, list(rows))  # a warm-up round first, not kept
+    saved = sum(k * len(samples[k]) for k in rows)
+    total = saved + sum(sum(r) for r in rounds)
+    done = saved
+    if progress is not None:
+        progress(done / total)
     k_max = max(rows)
     at = min(at, model.n_ctx - k_max - 1)
     start = model.n_past
@@ -92,23 +113,32 @@ def measure_pass_costs(model: Model, rows: Sequence[int], repeats: int = 3, at: 
     if at > start:
         model.decode(filler[: at - start], n_logits=0)
     passes = filler[at - start : at - start + k_max]
-    times: dict[int, list[float]] = {k: [] for k in rows}
-    for _ in range(repeats + 1):  # the first round warms caches and is discarded
-        for k in rows:
+    for i, round_rows in enumerate(rounds):
+        for k in round_rows:
             model.truncate(at)
             t = time.perf_counter()
             model.decode(passes[:k], n_logits=k)
-            times[k].append(time.perf_counter() - t)
+            if i:  # the first round warms caches
+                samples[k].append(time.perf_counter() - t)
+            done += k
+            if progress is not None:
+                progress(done / total)
+        if i and save is not None:
+            save()
     model.truncate(start)
-    return {k: float(np.median(v[1:])) for k, v in times.items()}
+    return {k: float(np.median(samples[k])) for k in rows}
 
 
-def probe_batch_invariance(model: Model, max_rows: int = K_MAX, contexts: Sequence[int] = (24, 96)) -> int:
+def probe_batch_invariance(model: Model, max_rows: int = K_MAX, contexts: Sequence[int] = (24, 96),
+                           progress: Callable[[float], None] | None = None) -> int:
     """Largest K such that passes of 2..K rows give logits bit-identical to decoding the same
-    tokens one at a time (1 if not even 2 rows do), after `contexts` tokens of real text."""
+    tokens one at a time (1 if not even 2 rows do), after `contexts` tokens of real text.
+    progress(fraction) after each context."""
     toks = model.tokenize(PROBE_TEXT, add_special=True)
     best = max_rows
-    for n_ctx in contexts:
+    for i, n_ctx in enumerate(contexts):
+        if progress is not None:
+            progress(i / len(contexts))
         n_ctx = min(n_ctx, len(toks) - max_rows)
         model.reset()
         model.decode(toks[:n_ctx], n_logits=0)
@@ -119,6 +149,8 @@ def probe_batch_invariance(model: Model, max_rows: int = K_MAX, contexts: Sequen
                 best = k - 1
                 break
     model.reset()
+    if progress is not None:
+        progress(1.0)
     return best
 
 
@@ -147,6 +179,9 @@ class Profile:
 
     pass_s: dict[int, float] = field(default_factory=dict)
     max_rows: int | None = None  # exact mode: rows proven batch-invariant; None when not probed
+    # Seconds of the passes an interrupted measurement timed, by row count: the next one resumes
+    # from them (measure_pass_costs) instead of starting again.
+    partial: dict[int, list[float]] = field(default_factory=dict)
 
     @classmethod
     def read(cls, path: Path) -> Profile | None:
@@ -157,7 +192,8 @@ class Profile:
             if data.get("stale"):
                 return None
             mr = data.get("max_rows")
-            return cls({int(k): float(v) for k, v in data["pass_s"].items()}, None if mr is None else int(mr))
+            partial = {int(k): [float(t) for t in v] for k, v in (data.get("partial") or {}).items()}
+            return cls({int(k): float(v) for k, v in data["pass_s"].items()}, None if mr is None else int(mr), partial)
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None  # missing or unreadable: measure again
 
@@ -171,6 +207,7 @@ class Profile:
                 "repack": model.repack, "mode": be.mode, "cpu_variant": be.variant, "cpu": be.cpu.model,
                 "measured": time.strftime("%Y-%m-%d %H:%M:%S"), "max_rows": self.max_rows,
                 "pass_s": {str(k): v for k, v in sorted(self.pass_s.items())},
+                "partial": {str(k): v for k, v in sorted(self.partial.items()) if v},
             }, indent=1))
             tmp.replace(path)
         except OSError:
@@ -187,9 +224,12 @@ def profile_rows(max_rows: int = GAMMA_MAX + 1) -> list[int]:
     return list(range(1, min(K_MAX, max_rows) + 1)) + [k for k in LONG_ROWS if K_MAX < k <= max_rows]
 
 
-def profile(model: Model, rows: Sequence[int] | None = None) -> Profile:
+def profile(model: Model, rows: Sequence[int] | None = None,
+            progress: Callable[[float], None] | None = None) -> Profile:
     """The stored profile of `model` with T(K) for every K in `rows` (measured and stored if missing;
-    in exact mode the batch-invariance probe too)."""
+    in exact mode the batch-invariance probe too). Measuring takes seconds to minutes, so
+    progress(fraction) is called while it runs (only then); what was timed is saved as it goes, and
+    a measurement that was interrupted resumes from it."""
     rows = profile_rows() if rows is None else rows
     prof = _loaded.get(model)
     path = profile_path(model)
@@ -198,10 +238,19 @@ def profile(model: Model, rows: Sequence[int] | None = None) -> Profile:
     missing = sorted(set(rows) - set(prof.pass_s))
     probe = runtime.mode() == "exact" and prof.max_rows is None
     if missing or probe:
+        # the two parts' shares of the progress, by the rows they decode (about what they cost)
+        share = 4 * sum(missing) / (4 * sum(missing) + (K_MAX * K_MAX if probe else 0))
+
+        def part(lo: float, width: float) -> Callable[[float], None] | None:
+            return None if progress is None else lambda f: progress(lo + width * f)
+
         if missing:
-            prof.pass_s.update(measure_pass_costs(model, missing))
+            prof.pass_s.update(measure_pass_costs(model, missing, samples=prof.partial,
+                                                  save=lambda: prof.write(path, model), progress=part(0.0, share)))
+            for k in missing:
+                prof.partial.pop(k, None)
         if probe:
-            prof.max_rows = probe_batch_invariance(model)
+            prof.max_rows = probe_batch_invariance(model, progress=part(share, 1.0 - share))
         prof.write(path, model)
     _loaded[model] = prof
     return prof
@@ -251,10 +300,12 @@ class CostModel:
         self.target_file: str | None = None  # the weights file's name (for_target): gamma auto's prior
 
     @classmethod
-    def for_target(cls, target: Model, draft_cost_s: float = 0.0, gamma_max: int = GAMMA_MAX) -> CostModel:
-        """From the stored profile of `target`; draft_cost_s = seconds to draft one token."""
+    def for_target(cls, target: Model, draft_cost_s: float = 0.0, gamma_max: int = GAMMA_MAX,
+                   progress: Callable[[float], None] | None = None) -> CostModel:
+        """From the stored profile of `target`; draft_cost_s = seconds to draft one token;
+        progress(fraction) while a missing profile is measured (`profile`)."""
         rows = profile_rows(gamma_max + 1)
-        prof = profile(target, rows)
+        prof = profile(target, rows, progress)
         t1 = prof.pass_s[1]
         model = cls({k: prof.pass_s[k] for k in rows}, draft_cost_s / t1,
                     prof.max_rows if runtime.mode() == "exact" else None, gamma_max)

@@ -111,11 +111,17 @@ class Stats:
     prompt_tokens: int = 0
     prompt_reused: int = 0  # prompt tokens whose K/V were already in the cache (prefix reuse)
     prompt_prefilled: int = 0  # prompt tokens decoded by this generation (prompt_tokens - prompt_reused)
-    generated: int = 0
+    generated: int = 0  # tokens of the answer (the reply's tokens; what tokens/s counts)
+    # Tokens that ended the generation without being part of the answer: the end-of-generation
+    # token, or the tokens of a stop string (after the one its first character falls in). They were
+    # produced by target calls all the same (see `produced`).
+    end_tokens: int = 0
     target_calls: int = 0
+    # Drafts are counted up to the generation's end: drafts a step verified beyond the token that
+    # ended the generation (an end-of-generation token, the end of a stop string) are not.
     drafted: int = 0
     accepted: int = 0
-    rejections: int = 0  # steps whose draft was cut short by a rejected token
+    rejections: int = 0  # steps whose draft was cut short by a rejected token (before the end)
     prefill_s: float = 0.0
     draft_s: float = 0.0
     target_s: float = 0.0
@@ -160,20 +166,61 @@ class Stats:
         return self.accepted / self.target_calls if self.target_calls else 0.0
 
     @property
+    def produced(self) -> int:
+        """Tokens the target calls produced up to the generation's end: the answer's and the ones
+        that ended it. Every call produces at least one."""
+        return self.generated + self.end_tokens
+
+    @property
     def tokens_per_call(self) -> float:
-        return self.generated / self.target_calls if self.target_calls else 0.0
+        """Tokens produced per target call (`produced`: the token that ended the generation counts,
+        as the call that produced it was needed): 1.00 for plain decoding, more when drafts are kept."""
+        return self.produced / self.target_calls if self.target_calls else 0.0
 
     @property
     def bandwidth_gb_s(self) -> float:
         """Target weight bytes streamed per second (each target call reads all weights once)."""
         return self.target_bytes * self.target_calls / self.decode_s / 1e9
 
+    def count_step(self, k: int, n_acc: int, shown: int, eog: bool, ended: bool) -> None:
+        """Count one target call that verified k draft tokens and accepted n_acc: `shown` tokens of
+        answer, then the end-of-generation token if `eog`; `ended`: the generation ended there."""
+        drafted, accepted, rejected = _step_counts(k, n_acc, shown + eog if ended else None)
+        self.target_calls += 1
+        self.generated += shown
+        self.end_tokens += eog
+        self.drafted += drafted
+        self.accepted += accepted
+        self.rejections += rejected
+        self.gamma_hist[k] = self.gamma_hist.get(k, 0) + 1  # passes by draft length: what they cost
+        if drafted:
+            self.accepted_hist[accepted] = self.accepted_hist.get(accepted, 0) + 1
+
+    def end_in_step(self, ev: StepEvent, produced: int, generated: int) -> None:
+        """The generation ended inside its last step `ev` (counted in full): at its `produced`-th
+        token, where a stop string was completed, with `generated` tokens of answer in all. Recount
+        that step up to there, as the engine counts a step cut short by an end-of-generation token."""
+        was = _step_counts(ev.drafted, ev.accepted, ev.produced if ev.done else None)
+        now = _step_counts(ev.drafted, ev.accepted, produced)
+        self.end_tokens = self.produced - ev.produced + produced - generated
+        self.generated = generated
+        self.drafted += now[0] - was[0]
+        self.accepted += now[1] - was[1]
+        self.rejections += now[2] - was[2]
+        if was[0]:
+            self.accepted_hist[was[1]] -= 1
+            if not self.accepted_hist[was[1]]:
+                del self.accepted_hist[was[1]]
+        if now[0]:
+            self.accepted_hist[now[1]] = self.accepted_hist.get(now[1], 0) + 1
+
     def to_dict(self) -> dict:
         d = asdict(self)
         del d["plain_pass_s"], d["pass_s"]
         d["pass_s_median"] = {str(k): float(np.median(v)) for k, v in sorted(self.pass_s.items())}
         d["pass_count"] = {str(k): len(v) for k, v in sorted(self.pass_s.items())}
-        d.update(tokens_per_s=self.tokens_per_s, acceptance_rate=self.acceptance_rate, alpha=self.alpha,
+        d.update(produced=self.produced, tokens_per_s=self.tokens_per_s, acceptance_rate=self.acceptance_rate,
+                 alpha=self.alpha,
                  mean_accepted=self.mean_accepted, tokens_per_call=self.tokens_per_call,
                  bandwidth_gb_s=self.bandwidth_gb_s)
         d["gamma_hist"] = {str(k): v for k, v in sorted(self.gamma_hist.items())}
@@ -209,6 +256,23 @@ class StepEvent:
     @property
     def done(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def produced(self) -> int:
+        """Tokens this step produced up to the generation's end: its tokens, plus the
+        end-of-generation token that ended it (not shown)."""
+        return len(self.tokens) + (self.finish_reason == "eog")
+
+
+def _step_counts(k: int, n_acc: int, end: int | None) -> tuple[int, int, int]:
+    """(drafted, accepted, rejections) of a step that verified k drafts and accepted n_acc. `end`:
+    the generation ended at the step's end-th token (None: it goes on). Draft j (1-based) sits at
+    position j, so drafts beyond the end are neither drafted nor accepted, and a rejection counts
+    only if the rejected draft came before the end."""
+    if end is None:
+        return k, n_acc, int(n_acc < k)
+    drafted, accepted = min(k, end), min(n_acc, end)
+    return drafted, accepted, int(accepted < drafted)
 
 
 PLAIN_KEEP = 256
@@ -316,17 +380,10 @@ class Engine:
             target.truncate(n_past0 + 1 + n_acc)  # keep x_last and the accepted drafts
             tv = time.perf_counter()
 
-            stats.target_calls += 1
-            stats.drafted += k
-            stats.accepted += n_acc
-            stats.rejections += int(n_acc < k)
             stats.draft_s += td - ts
             stats.target_s += tt - td
             stats.verify_s += tv - tt
             stats.pass_s.setdefault(len(batch), []).append(tt - td)
-            stats.gamma_hist[k] = stats.gamma_hist.get(k, 0) + 1
-            if k:
-                stats.accepted_hist[n_acc] = stats.accepted_hist.get(n_acc, 0) + 1
             self.policy.observe(k, n_acc)
 
             new = draft.tokens[:n_acc].tolist() + [nxt]
@@ -335,18 +392,18 @@ class Engine:
             finish = None
             if cfg.stop_at_eog:
                 for i, tok in enumerate(new):
-                    if target.is_eog(tok):
+                    if target.is_eog(tok):  # it ends the reply; what the step verified after it does not count
                         new, sources, by, finish = new[:i], sources[:i], by[:i], "eog"
                         break
             if len(new) >= remaining:
                 new, sources, by = new[:remaining], sources[:remaining], by[:remaining]
                 finish = finish or "length"
+            stats.count_step(k, n_acc, len(new), finish == "eog", finish is not None)
             context.extend(new)
             if drafter is not None:
                 if hidden and finish is None:
                     drafter.observe_hidden(target.last_hidden[pad + n_acc])
                 drafter.commit(context, n_acc)
-            stats.generated += len(new)
             pieces = [stream.push(t) for t in new]
             if finish is not None and pieces:
                 pieces[-1] += stream.flush()

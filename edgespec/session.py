@@ -41,13 +41,17 @@ from edgespec.sampling import SamplingParams
 MAX_GAMMA = 64  # a step verifies at most this many drafts (one llama.cpp batch holds 512 rows)
 # How a prompt becomes tokens (`frame`):
 #   chat        the model's own chat template from its GGUF metadata
-#   transcript  "User: ... / Assistant: ..." lines, for base models asked to chat
-#   qa          "Question: ...\nAnswer:", for base models asked a single question (the bench)
+#   transcript  "User: ... / Assistant: ..." lines, for base models asked to chat (stops at the next "User:")
+#   qa          "Question: ...\nAnswer:", for base models asked a single question (the bench; stops at the
+#               next "Question:")
 #   raw         the text as is (completion)
 #   auto        chat when the model has a template; else transcript for a conversation, raw for a text
 FRAMINGS = ("auto", "chat", "transcript", "qa", "raw")
 QA_FRAME = "Question: {prompt}\nAnswer:"
+# A base model goes on to write the next turn itself (Gemma-3-270M loops question and answer to the
+# token limit): each framing ends the reply where its next turn would begin.
 TRANSCRIPT_STOP = "\nUser:"
+QA_STOP = "\nQuestion:"
 
 
 def parse_gamma(value: str | int) -> GammaPolicy:
@@ -154,14 +158,20 @@ class Framed:
     tokens: list[int]
     framing: str  # what 'auto' resolved to
     stop: tuple[str, ...]  # stop strings the framing adds
+    note: str | None = None  # something the user should know about how the prompt was fed
 
 
 def frame(model: Model, req: Request) -> Framed:
     """The one place a request's text or conversation becomes the target's tokens."""
     framing = req.framing
     has_template = model.chat_template() is not None
+    note = None
     if framing == "auto":
         framing = "chat" if has_template else ("transcript" if req.messages is not None else "raw")
+        if not has_template:  # a base model asked a question goes on with the text (question, answer, ...)
+            base = f"{Path(model.path).name} is a base model (no chat template in its GGUF)"
+            note = (f"{base}: it continues the text; for one answer to a question use --framing qa"
+                    if framing == "raw" else f"{base}: the conversation is fed as a User:/Assistant: transcript")
     messages = req.messages if req.messages is not None else [{"role": "user", "content": req.text or ""}]
     if req.system and framing in ("qa", "raw"):
         raise EdgeSpecError(
@@ -186,43 +196,52 @@ def frame(model: Model, req: Request) -> Framed:
             who = "User" if m["role"] == "user" else "Assistant"
             lines.append(f"{who}: {m['content'].strip()}")
         text = "\n".join(lines) + "\nAssistant:"
-        return Framed(model.tokenize(text, add_special=True), framing, (TRANSCRIPT_STOP,))
+        return Framed(model.tokenize(text, add_special=True), framing, (TRANSCRIPT_STOP,), note)
     if req.messages is not None and len(req.messages) > 1:
         raise EdgeSpecError(f"{framing} framing takes one prompt, not a conversation; use chat or transcript")
     text = messages[-1]["content"]
     if framing == "qa":
-        text = QA_FRAME.format(prompt=text)
-    return Framed(model.tokenize(text, add_special=True), framing, ())
+        return Framed(model.tokenize(QA_FRAME.format(prompt=text), add_special=True), framing, (QA_STOP,))
+    return Framed(model.tokenize(text, add_special=True), framing, (), note)
 
 
 class StopStrings:
     """Ends a generation before any stop string, holding back text that might be the start of one
-    so a consumer never shows it. Works on whole tokens: a token that completes a stop string is
-    dropped with everything after it."""
+    so a consumer never shows it. The answer is the text up to the stop string's first character (as
+    llama-server and OpenAI's API answer), even where that falls inside a token: the token it falls
+    in is kept with its piece cut there (its id and source unchanged); a token that would keep no
+    text is dropped with everything after it."""
 
     def __init__(self, stops: Sequence[str]) -> None:
         self.stops = tuple(stops)
         self.longest = max((len(s) for s in self.stops), default=0)
         self.text = ""  # everything released so far
         self._held: list[tuple[int, str, str, str]] = []  # (token, source, piece, drafter) not yet released
+        # After a hit: how many tokens of the event that hit were produced up to the end of the stop
+        # string (the token that completed it included), for counting that step (Stats.end_in_step).
+        self.step_end: int | None = None
 
     def push(self, ev: StepEvent) -> tuple[list[tuple[int, str, str, str]], bool]:
         """Tokens of `ev` that can be shown now, and whether a stop string was hit."""
+        before = len(self._held)
         self._held.extend(zip(ev.tokens, ev.sources, ev.pieces, ev.drafters, strict=True))
-        pending = "".join(p for _, _, p, _ in self._held)
-        window = self.text + pending
-        hits = [window.find(s, max(0, len(self.text) - self.longest)) for s in self.stops]
-        hits = [h for h in hits if h >= 0]
+        window = self.text + "".join(p for _, _, p, _ in self._held)
+        first = max(0, len(self.text) - self.longest)
+        hits = [(h, h + len(s)) for s in self.stops if (h := window.find(s, first)) >= 0]
         if hits:
-            cut = min(hits)  # release whole tokens that end at or before the stop string
-            out, end = [], len(self.text)
-            for item in self._held:
-                if end + len(item[2]) > cut:
+            cut, stop_end = min(hits)  # the earliest stop string (the shorter one of two at one place)
+            out, end, last = [], len(self.text), 0
+            for i, (tok, src, piece, by) in enumerate(self._held):
+                if end < cut:  # the token's text starts before the stop string: keep that part
+                    out.append((tok, src, piece[: cut - end], by))
+                end += len(piece)
+                if end >= stop_end:
+                    last = i  # the token that completed the stop string
                     break
-                out.append(item)
-                end += len(item[2])
             self._held = []
             self.text += "".join(p for _, _, p, _ in out)
+            # no earlier push held a whole stop string, so it was completed by one of this event's tokens
+            self.step_end = last - before + 1
             return out, True
         if ev.done:
             out, self._held = self._held, []
@@ -258,6 +277,7 @@ class Reply:
     finish_reason: str | None = None  # 'eog' | 'length' | 'context' | 'stop' | 'stopped' | 'interrupted'
     stats: Stats = field(default_factory=Stats)
     framing: str = ""
+    note: str | None = None  # how the prompt was fed, when the user should know (Framed.note)
     drafter: str = "none"
     gamma: str = "0"
     policy: dict = field(default_factory=dict)
@@ -293,11 +313,13 @@ class Reply:
 
     @property
     def measured_speedup(self) -> float | None:
+        """Tokens produced per second over the plain rate (produced: plain decoding needs the call
+        that produces the end-of-generation token too, so a run that drafted nothing measures ~1.00x)."""
         st = self.stats
         if self.costs is None or not st.target_calls:
             return None
         t1 = float(np.median(st.plain_pass_s)) if st.plain_pass_s else None
-        return self.costs.measured_speedup(st.generated, st.target_calls, st.decode_s, t1)
+        return self.costs.measured_speedup(st.produced, st.target_calls, st.decode_s, t1)
 
     def to_dict(self) -> dict:
         be = runtime.backend_info()
@@ -308,6 +330,7 @@ class Reply:
             "token_drafters": self.drafted_by,
             "finish_reason": self.finish_reason,
             "framing": self.framing,
+            "note": self.note,
             "target": self.target,
             "draft": self.drafter,
             "gamma": self.gamma,
@@ -362,6 +385,9 @@ class Session:
         self.target = target
         self.opts = opts
         self._kept: dict[str, Drafter] = {}  # drafters that load a model are kept between requests
+        # Called with the fraction done while the target's cost profile is measured (its first use
+        # with this set-up: seconds to minutes), so a consumer can say why nothing happens yet.
+        self.on_profile: Callable[[float], None] | None = None
 
     @classmethod
     def load(cls, name: str, opts: RuntimeOptions, progress: Callable[[float], None] | None = None,
@@ -384,7 +410,7 @@ class Session:
         """The one cost model for this target and drafter (stored profile; measured on first use)."""
         if drafter is None:
             return None
-        return CostModel.for_target(self.target, drafter.draft_cost_s())
+        return CostModel.for_target(self.target, drafter.draft_cost_s(), progress=self.on_profile)
 
     def prepare(self, req: Request) -> tuple[Framed, Engine]:
         """Tokens and an engine for `req` (loads a draft model and the cost profile if needed), so
@@ -398,14 +424,16 @@ class Session:
         """Run `req`; yield each engine event with the reply folded so far (stop strings applied:
         the event's own tokens may include held-back text; the reply never does)."""
         framed, engine = prepared or self.prepare(req)
-        reply = Reply(framing=framed.framing, drafter=engine.drafter_name, gamma=engine.policy.label,
-                      costs=engine.costs, target=self.target.path)
+        reply = Reply(framing=framed.framing, note=framed.note, drafter=engine.drafter_name,
+                      gamma=engine.policy.label, costs=engine.costs, target=self.target.path)
         stops = StopStrings(req.stop + framed.stop)
         try:
             for ev in engine.generate(framed.tokens, req.config(), stop):
                 released, hit = stops.push(ev)
                 toks, srcs, pcs, by = (list(x) for x in zip(*released, strict=True)) if released else ([], [], [], [])
                 reply.add(toks, srcs, pcs, by, ev.stats, "stop" if hit else ev.finish_reason)
+                if hit:  # count the generation up to the end of the stop string, and the answer's tokens
+                    ev.stats.end_in_step(ev, stops.step_end, len(reply.tokens))
                 reply.policy = engine.policy.snapshot() if engine.drafter is not None else {}
                 yield ev, reply
                 if hit:

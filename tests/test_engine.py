@@ -124,3 +124,36 @@ def test_context_limit(smollm2_path):
     with pytest.raises(EdgeSpecError, match="empty"):
         next(Engine(m, None).generate([], GenerationConfig()))
     m.close()
+
+
+def test_counts_stop_at_the_end_of_generation(smollm2):
+    """A repeated chat question: the n-gram drafter copies the earlier answer, its end-of-turn token
+    and the next turn's header in one step. Only drafts up to the end-of-generation token count (issue
+    23: a 7-token reply reported 'accepted 9/10 drafted'), and the end token counts as produced."""
+    q = "What is 2+2? Answer with a number only."
+    first = encode(smollm2, q)
+    answer = Reply.collect(Engine(smollm2, None).generate(first, GenerationConfig(max_tokens=40, reuse_prefix=False)))
+    msgs = [{"role": "user", "content": q}, {"role": "assistant", "content": answer.text}, {"role": "user", "content": q}]
+    prompt = smollm2.tokenize(smollm2.apply_chat_template(msgs), parse_special=True)
+
+    def run(stop_at_eog: bool) -> Reply:
+        cfg = GenerationConfig(max_tokens=40, stop_at_eog=stop_at_eog, reuse_prefix=False)
+        return Reply.collect(Engine(smollm2, NgramDrafter(), FixedGamma(10)).generate(prompt, cfg))
+
+    ended, going_on = run(True), run(False)  # the same steps; the second goes past the end token
+    end = next(i for i, t in enumerate(going_on.tokens) if smollm2.is_eog(t))
+    assert ended.finish_reason == "eog" and ended.tokens == going_on.tokens[:end]
+    st = ended.stats
+    assert going_on.stats.accepted > end + 1  # the drafter did copy past the end token
+    assert st.accepted == going_on.sources[: end + 1].count(DRAFT)
+    assert st.generated == end and st.produced == end + 1
+    assert st.accepted <= min(st.drafted, st.produced) and st.tokens_per_call >= 1
+
+
+def test_plain_decoding_is_one_token_per_target_call(smollm2):
+    """The call that produces the end-of-generation token counts it (it read 0.92 tokens/call)."""
+    res = Reply.collect(Engine(smollm2, None).generate(encode(smollm2, "What is 2+2? Answer with a number only."),
+                                                       GenerationConfig(max_tokens=40)))
+    st = res.stats
+    assert res.finish_reason == "eog" and st.target_calls == st.generated + 1
+    assert st.tokens_per_call == 1.0 and st.produced == st.target_calls

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from edgespec.engine import Stats, StepEvent
@@ -46,6 +48,29 @@ def test_held_text_is_released_when_it_is_not_a_stop():
 def test_no_stop_strings_release_everything_at_once():
     _, hit, shown = feed([], [["a", "b"], ["c"]])
     assert not hit and shown == ["ab", "c"]
+
+
+@pytest.mark.parametrize("stops, steps, text, pieces, step_end", [
+    # the stop string starts inside a token: that token keeps its text before it (issue 23: "" and "Hello!")
+    (["llo"], [["Hello", "!", " How"]], "He", ["He"], 1),
+    (["How"], [["Hello", "!", " How", " are"]], "Hello! ", ["Hello", "!", " "], 3),
+    (["o"], [["Hello", "!"]], "Hell", ["Hell"], 1),
+    # started in a token held back from an earlier step, completed by this step's second token
+    (["llo!"], [["Hel"], ["l", "o!", " x"]], "He", ["He"], 2),
+    # at a token boundary nothing of the next token is kept
+    ([" How"], [["Hello", "!", " How"]], "Hello!", ["Hello", "!"], 3),
+    # the earliest of two stop strings wins, wherever each ends
+    (["are", "! H"], [["Hello", "!", " How", " are"]], "Hello", ["Hello"], 3),
+])
+def test_stop_string_inside_a_token_keeps_the_text_before_it(stops, steps, text, pieces, step_end):
+    f = StopStrings(stops)
+    out: list[tuple[int, str, str, str]] = []
+    for i, step in enumerate(steps):
+        released, hit = f.push(event(step, done=i == len(steps) - 1))
+        out += released
+    assert hit and f.text == text
+    assert [p for _, _, p, _ in out] == pieces and [t for t, _, _, _ in out] == list(range(len(pieces)))
+    assert f.step_end == step_end  # tokens of the last step up to the one that completed the stop string
 
 
 @pytest.mark.parametrize("kw, msg", [
@@ -96,5 +121,36 @@ def test_a_base_model_chats_and_stops_at_the_next_user_turn(gemma_path):
         assert len(reply.tokens) == len(reply.sources) == len(reply.pieces) and reply.text == "".join(reply.pieces)
         d = reply.to_dict()
         assert d["stats"]["generated"] >= len(reply.tokens) and d["backend"]["cpu_variant"]
+    finally:
+        session.close()
+
+
+def test_stop_strings_cut_inside_tokens_and_count_to_their_end(smollm2_path):
+    """On a real reply drafted in long steps (a repeated chat question: the n-gram drafter copies the
+    earlier answer): a stop string starting inside a token leaves exactly the text before it, and the
+    counts run to the token that completed the stop string, like a step cut by the end token."""
+    session = Session.load(str(smollm2_path), RuntimeOptions(n_ctx=1024, flash_attn="off"))
+    try:
+        q = "What is 2+2? Answer with a number only."
+        answer = session.run(Request(text=q, draft="none", reuse_prefix=False)).text
+        msgs = [{"role": "user", "content": q}, {"role": "assistant", "content": answer}, {"role": "user", "content": q}]
+        ask = Request(messages=msgs, draft="ngram", gamma="10", reuse_prefix=False)
+        full = session.run(ask)
+        assert full.stats.accepted > 2 and len(full.tokens) >= 3, full.text
+        starts = [len("".join(full.pieces[:i])) for i in range(len(full.tokens))]
+        # stops that begin one character into a token of two or more characters
+        stops = {full.text[s + 1 : s + 3] for s, p in zip(starts, full.pieces, strict=True) if len(p) >= 2}
+        assert stops
+        for stop in sorted(stops):
+            cut = session.run(replace(ask, stop=(stop,)))
+            at = full.text.index(stop)
+            assert cut.finish_reason == "stop" and cut.text == full.text[:at], stop
+            n = len(cut.tokens)
+            assert cut.tokens == full.tokens[:n] and cut.sources == full.sources[:n] and cut.text == "".join(cut.pieces)
+            assert n == sum(s < at for s in starts)  # every token whose text starts before the stop string
+            st = cut.stats
+            produced = next(i + 1 for i in range(len(full.tokens)) if starts[i] + len(full.pieces[i]) >= at + len(stop))
+            assert st.generated == n and st.produced == produced, stop
+            assert st.accepted == full.sources[:produced].count("draft") and st.accepted <= min(st.drafted, st.produced)
     finally:
         session.close()

@@ -1,0 +1,62 @@
+"""The stored cost profile: measured on first use with progress, and resumed after an interruption
+(issue 23: 15-120 s without a word, and Ctrl-C threw the measured part away)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from edgespec import costs
+from edgespec.runtime import Model
+
+ROWS = [1, 2, 4, 8]
+
+
+@pytest.fixture
+def fresh_model(smollm2_path, tmp_path, monkeypatch):
+    """A model of its own (no profile loaded in this process) with an empty profile store."""
+    monkeypatch.setenv("EDGESPEC_PROFILES", str(tmp_path))
+    model = Model(smollm2_path, n_ctx=256, n_threads=1)  # a test of the bookkeeping, not of speed
+    yield model
+    model.close()
+
+
+def test_an_interrupted_profile_resumes_from_what_it_saved(fresh_model):
+    model = fresh_model
+    seen: list[float] = []
+
+    def ctrl_c_in_the_second_timed_round(fraction: float) -> None:
+        seen.append(fraction)
+        # rounds over the rows: a warm-up, then three timed ones, each 1/4 of the work (by rows)
+        if fraction > 0.5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        costs.profile(model, ROWS, progress=ctrl_c_in_the_second_timed_round)
+    assert seen[0] == 0 and seen == sorted(seen)
+    stored = json.loads(costs.profile_path(model).read_text())
+    assert stored["pass_s"] == {}  # nothing finished ...
+    assert {int(k): len(v) for k, v in stored["partial"].items()} == {k: 1 for k in ROWS}  # ... one round kept
+
+    resumed: list[float] = []
+    prof = costs.profile(model, ROWS, progress=resumed.append)
+    # the saved round counts as done (a quarter of the work by rows: 15 of 60), and only a warm-up
+    # and the two missing timed rounds run: 3 passes per row count instead of 4
+    assert resumed[0] == pytest.approx(0.25) and resumed[-1] == pytest.approx(1.0)
+    assert len(resumed) == 1 + 3 * len(ROWS)
+    assert set(prof.pass_s) == set(ROWS) and all(t > 0 for t in prof.pass_s.values())
+    stored = json.loads(costs.profile_path(model).read_text())
+    assert set(stored["pass_s"]) == {str(k) for k in ROWS} and not stored["partial"]
+    again: list[float] = []
+    costs.profile(model, ROWS, progress=again.append)
+    assert again == []  # measured and stored: progress is only reported while measuring
+
+
+def test_saved_samples_count_in_the_median(fresh_model):
+    """A resumed measurement keeps what was timed before: a (made-up, huge) saved sample stays the
+    first of the three, so the median is the larger of the two new ones."""
+    samples = {1: [1000.0]}
+    got = costs.measure_pass_costs(fresh_model, [1], repeats=3, samples=samples)
+    assert samples[1][0] == 1000.0 and len(samples[1]) == 3
+    assert got[1] == max(samples[1][1:]) < 1000.0
