@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from edgespec.args import Parser, add_generation_args, check_address
@@ -27,7 +29,8 @@ FINISH_NOTES = {
 
 def build_parser() -> argparse.ArgumentParser:
     ap = Parser(prog="python app.py", description="EdgeSpec: speculative generation on your own machine")
-    ap.add_argument("--headless", action="store_true", help="generate in the terminal instead of opening the UI")
+    ap.add_argument("--headless", action="store_true", help="generate in the terminal instead of opening the UI "
+                    "(implied by --prompt, --prompt-file and --chat-file)")
     ap.add_argument("--prompt", default=None)
     ap.add_argument("--prompt-file", default=None)
     ap.add_argument("--chat-file", default=None, metavar="FILE",
@@ -75,12 +78,15 @@ def headless(args: argparse.Namespace) -> int:
         return headless_chat(args)
     req = Request.from_args(args, read_prompt(args))
     session = Session.load(args.target or DEFAULT_TARGET, runtime_options(args))
+    session.on_profile = profile_progress(session.target.path)
     colour = not args.no_color and not args.json and sys.stdout.isatty()
     reply = Reply()
     interrupted = False
     try:
         shown = 0
-        for _, reply in session.generate(req):
+        for i, (_, reply) in enumerate(session.generate(req)):
+            if reply.note and not i:
+                print(f"note: {reply.note}", file=sys.stderr)
             if not args.json:
                 for piece, src in zip(reply.pieces[shown:], reply.sources[shown:], strict=True):
                     sys.stdout.write(f"{COLOURS[src]}{piece}{RESET}" if colour and COLOURS[src] else piece)
@@ -167,8 +173,10 @@ def headless_chat(args: argparse.Namespace) -> int:
     settings = Request.from_args(args, "(chat)")
     convo = Conversation(settings)
     session = Session.load(args.target or DEFAULT_TARGET, runtime_options(args))
+    session.on_profile = profile_progress(session.target.path)
     colour = not args.no_color and not args.json and sys.stdout.isatty()
     turn = 0
+    noted = False
     try:
         for no, role, content in items:
             if role == "system":
@@ -181,6 +189,9 @@ def headless_chat(args: argparse.Namespace) -> int:
                 print(f"> {content}")
             shown = 0
             for _, reply in convo.ask(session, content):
+                if reply.note and not noted:  # once per conversation
+                    print(f"note: {reply.note}", file=sys.stderr)
+                    noted = True
                 if not args.json:
                     for piece, src in zip(reply.pieces[shown:], reply.sources[shown:], strict=True):
                         sys.stdout.write(f"{COLOURS[src]}{piece}{RESET}" if colour and COLOURS[src] else piece)
@@ -199,6 +210,27 @@ def headless_chat(args: argparse.Namespace) -> int:
     finally:
         session.close()
     return 0
+
+
+def profile_progress(model_path: str) -> Callable[[float], None]:
+    """What the terminal shows while a cost profile is measured (the first use of a model with a
+    set-up takes seconds to minutes before any text): a line on stderr, counting up on a terminal."""
+    tty = sys.stderr.isatty()
+    what = f"measuring the pass costs of {Path(model_path).stem} (once per set-up, kept for next time)"
+    if tty:  # one terminal line, or the carriage return cannot redraw it
+        what = what[: shutil.get_terminal_size().columns - 7]
+    said = False
+
+    def show(fraction: float) -> None:
+        nonlocal said
+        if tty:
+            sys.stderr.write(f"\r{what}: {100 * fraction:3.0f}%" + ("\n" if fraction >= 1 else ""))
+            sys.stderr.flush()
+        elif not said:
+            print(f"{what} ...", file=sys.stderr, flush=True)
+        said = True
+
+    return show
 
 
 def exact_cap_note(reply) -> str | None:
@@ -236,7 +268,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     # A shell starts background jobs with SIGINT ignored, and Python keeps that; Ctrl-C (or a
     # SIGINT from a supervisor) must still end the command with status 130.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    return run_command(lambda: _dispatch(argv))
+    try:
+        return run_command(lambda: _dispatch(argv))
+    except BrokenPipeError:
+        # The reader of our output left (`| head`): end quietly, as Unix tools do. They die of
+        # SIGPIPE, which a shell reports as 141 (128 + 13); Python ignores SIGPIPE (so sockets get
+        # errors instead), hence the same status by hand. Output still buffered would fail again
+        # at exit, so stdout goes to /dev/null first.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 def _dispatch(argv: list[str]) -> int:
@@ -261,7 +301,8 @@ def _dispatch(argv: list[str]) -> int:
 
         return importlib.import_module(f"{argv[0]}.__main__").main(argv[1:])
     args = build_parser().parse_args(argv)
-    if args.headless:
+    # A prompt on the command line asks for an answer here, not for the UI (which would ignore it).
+    if args.headless or any(x is not None for x in (args.prompt, args.prompt_file, args.chat_file)):
         return headless(args)
     check_address(args.host, args.port)
     from edgespec.ui import launch

@@ -3,6 +3,7 @@ runtime options of this process: context size, threads, flash attention, fast or
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -32,6 +33,11 @@ class RuntimeOptions:
             raise EdgeSpecError(f"context size must be >= {MIN_CTX} tokens (llama.cpp's minimum), got {self.n_ctx}")
         if self.n_threads is not None and self.n_threads < 1:
             raise EdgeSpecError(f"threads must be >= 1, got {self.n_threads}")
+        cores = len(os.sched_getaffinity(0))
+        if self.n_threads is not None and self.n_threads > cores:
+            # more threads than cores only makes llama.cpp's threads wait for each other (it sat
+            # silent for minutes with 1000 on 2 cores)
+            raise EdgeSpecError(f"threads must be at most {cores}, the cores this process may use; got {self.n_threads}")
         if self.flash_attn not in ("auto", "on", "off"):
             raise EdgeSpecError(f"flash attention must be auto, on or off, got {self.flash_attn!r}")
         if self.exact and self.flash_attn == "on":

@@ -256,9 +256,13 @@ class Model:
             self._ctx = llama.llama_init_from_model(self._model, cparams)
         _check_interrupt()
         if not self._ctx:
+            error = _last_llama_error()
+            n_ctx_train = llama.llama_model_n_ctx_train(self._model)
             llama.llama_model_free(self._model)
             self._model = None
-            raise EdgeSpecError(f"llama.cpp could not create a context for {p.name}: {_last_llama_error()}")
+            # Nearly always the KV cache not fitting in memory: say which knob to turn.
+            raise EdgeSpecError(f"llama.cpp could not create a {n_ctx}-token context for {p.name} ({error}); "
+                                f"lower --ctx (the model was trained for {n_ctx_train} tokens)")
         self.n_ctx = llama.llama_n_ctx(self._ctx)
         # llama.cpp may shrink the batch (never above the requested context); decode must not exceed it.
         self.n_batch = min(n_batch, llama.llama_n_batch(self._ctx), llama.llama_n_ubatch(self._ctx))

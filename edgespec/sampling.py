@@ -31,7 +31,7 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if not np.isfinite(self.temperature) or self.temperature < 0:
-            raise EdgeSpecError(f"temperature must be >= 0, got {self.temperature}")
+            raise EdgeSpecError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if self.top_k < 0:
             raise EdgeSpecError(f"top-k must be >= 0 (0 = off), got {self.top_k}")
         if not (0.0 < self.top_p <= 1.0):

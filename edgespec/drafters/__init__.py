@@ -156,9 +156,16 @@ def split_spec(spec: str) -> tuple[str, str]:
     if name in known:
         return name, arg.strip()
     path = Path(spec).expanduser()
-    if (path.is_dir() and (path / "manifest.json").is_file()) or path.suffix == ".onnx" or path.name == "manifest.json":
-        return "learned", spec  # a learned drafter's folder (or its drafter.onnx / manifest.json)
+    if path.is_dir() or path.suffix == ".onnx" or path.name == "manifest.json":
+        # a learned drafter's folder (or its drafter.onnx / manifest.json): a model is one file, so
+        # any folder is taken as a drafter's, and one without a manifest is told what it lacks
+        return "learned", spec
     return "model", spec  # a .gguf path, a bundled/catalog name or hf:ORG/REPO
+
+
+def spec_names() -> str:
+    """Every way to name a drafter, for messages: 'none, ngram, model:..., learned:...'."""
+    return ", ".join(["none", *(f"{k.name}:..." if k.takes_model else k.name for k in kinds().values())])
 
 
 def build(spec: str, ctx_target: Model, opts: RuntimeOptions, ngram: tuple[int, int] = (1, 16)) -> Drafter | None:
@@ -169,4 +176,11 @@ def build(spec: str, ctx_target: Model, opts: RuntimeOptions, ngram: tuple[int, 
     k = kinds()[kind]
     if k.takes_model and not arg:
         raise EdgeSpecError(f"drafter {kind!r} needs a model: --draft {kind}:PATH_OR_NAME")
-    return k.build(DraftContext(ctx_target, opts, arg, ngram))
+    try:
+        return k.build(DraftContext(ctx_target, opts, arg, ngram))
+    except EdgeSpecError as exc:
+        # A bare name that is no model may have been meant as a drafter (a typo, a plug-in that
+        # did not load): name the drafters too, not only the models.
+        if kind == "model" and not spec.strip().startswith("model:") and str(exc).startswith("unknown model"):
+            raise EdgeSpecError(f"unknown drafter {spec.strip()!r} (drafters: {spec_names()}); as a model: {exc}") from None
+        raise
