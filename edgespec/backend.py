@@ -208,13 +208,17 @@ def _ggml() -> ctypes.CDLL:
     return lib
 
 
-def exact_dir() -> Path | None:
-    """Folder of the llamafile-off CPU modules (exact mode), as recorded by the set-up."""
-    env = os.environ.get("EDGESPEC_EXACT_MODULES")
-    if env:
-        return Path(env)
-    rec = read_manifest(lib_dir()).get("exact_modules")
+def _recorded_dir(env: str, key: str) -> Path | None:
+    """The folder the environment variable `env` names, else the one the set-up recorded under `key`."""
+    if os.environ.get(env):
+        return Path(os.environ[env])
+    rec = read_manifest(lib_dir()).get(key)
     return Path(rec) if rec else None
+
+
+def exact_dir() -> Path | None:
+    """Folder of the llamafile-off CPU modules (exact mode): EDGESPEC_EXACT_MODULES, else the set-up's."""
+    return _recorded_dir("EDGESPEC_EXACT_MODULES", "exact_modules")
 
 
 def exact_available() -> bool:
@@ -321,11 +325,7 @@ RPC_PROGRAM = "ggml-rpc-server"
 
 def rpc_dir() -> Path | None:
     """Folder of the RPC module and server program: EDGESPEC_RPC_DIR, else what the set-up recorded."""
-    env = os.environ.get("EDGESPEC_RPC_DIR")
-    if env:
-        return Path(env)
-    rec = read_manifest(lib_dir()).get("rpc")
-    return Path(rec) if rec else None
+    return _recorded_dir("EDGESPEC_RPC_DIR", "rpc")
 
 
 def ggml_version() -> str:

@@ -352,6 +352,14 @@ def test_systemd_unit_verifies(fake_root):
     assert "restart specifier" in bad.stdout + bad.stderr
 
 
+def test_rpc_server_unit_verifies(fake_root):
+    """systemd's own check of the rpc-server unit (README, "More than one machine")."""
+    unit = (SERVICE / "edgespec-rpc.service").read_text()
+    assert "rpc-server" in unit and "--allow-remote" in unit
+    res = _verify(fake_root, unit, "edgespec-rpc.service")
+    assert res.returncode == 0 and not (res.stdout + res.stderr).strip(), res.stdout + res.stderr
+
+
 def _unit(path: Path) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for ln in path.read_text().splitlines():
