@@ -100,7 +100,10 @@ def test_greedy_with_learned_drafter_equals_same_path_reference(drafter_dir, smo
             assert spec.tokens == ref.tokens, f"gamma={gamma} {text!r}"
             assert spec.stats.drafted > 0  # it did draft after the first (plain) step
             drafted_by = {b for b, s in zip(spec.drafted_by, spec.sources, strict=True) if s == DRAFT}
-            assert drafted_by <= {"learned"} and spec.drafted_by.count("learned") == spec.stats.accepted
+            # Every accepted draft is shown as learned's, except an accepted end-of-generation token
+            # (it ends the reply, so it is counted as accepted but never shown).
+            shown = spec.drafted_by.count("learned")
+            assert drafted_by <= {"learned"} and shown in (spec.stats.accepted, spec.stats.accepted - spec.stats.end_tokens)
 
 
 def test_sampled_verification_with_learned_drafter_is_reproducible(drafter_dir, smollm2):

@@ -120,8 +120,9 @@ def test_bench_puts_llama_cpp_rows_beside_ours(tmp_path):
         e = p[name]
         assert e["tokens_per_s"] > 0 and e["speedup"] == pytest.approx(e["tokens_per_s"] / base["tokens_per_s"])
         assert isinstance(e["identical"], bool)
-        # the baseline stopped at the limit; the program may run a little past it
-        assert base["generated"] == 24 and e["identical"] == e["text"].startswith(base["text"])
+        # the baseline stops at the limit or at the qa frame's next "Question:" (the program has no
+        # such stop, and may run a little past the limit)
+        assert 1 <= base["generated"] <= 24 and e["identical"] == e["text"].startswith(base["text"])
     vs = res["versus_llamacpp"]
     assert len(vs) == 1 and vs[0]["best_reference"] in ("llama.cpp ngram-simple", "llama.cpp ngram-mod")
     best = p[vs[0]["best_reference"]]["tokens_per_s"]

