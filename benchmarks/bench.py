@@ -218,6 +218,13 @@ class Runner:
 
         return frame(self.target, Request(text=text, framing=self.framing, draft="none")).tokens
 
+    @property
+    def frame_stops(self) -> tuple[str, ...]:
+        """Stop strings the framing adds (qa: the next "Question:"); llama.cpp's program has none."""
+        from edgespec.session import frame
+
+        return frame(self.target, Request(text="?", framing=self.framing, draft="none")).stop
+
     def run(self, cfg: Config, text: str, tokens: Sequence[int], max_tokens: int | None = None,
             stop: threading.Event | None = None) -> Run:
         """One timed generation of `cfg` on one prompt (`tokens` = `frame(text)`)."""
@@ -289,10 +296,11 @@ def bench_prompt(runner: Runner, pr: Prompt, tokens: list[int], stop: threading.
                          generated=rep.stats["generated"])
             if s.greedy:
                 # Compared as text (the program reports text, not token ids), over the baseline's
-                # length when the baseline stopped at the limit (the program may run past it).
+                # length when the baseline stopped at the limit or may have stopped at a framing stop
+                # string (the program runs past both).
                 base_text = runner.target.detokenize(base_tokens)
-                at_limit = len(base_tokens) >= s.max_tokens
-                differ = [r for r in rs if not (r.text.startswith(base_text) if at_limit else r.text == base_text)]
+                prefix = len(base_tokens) >= s.max_tokens or bool(runner.frame_stops)
+                differ = [r for r in rs if not (r.text.startswith(base_text) if prefix else r.text == base_text)]
                 entry["identical"] = not differ
                 entry["divergences"] = []
                 for seq in sorted({tuple(r.tokens) for r in differ}):
