@@ -136,7 +136,7 @@ class Runner:
     def __init__(self, s: BenchSettings, log: Callable[[str], None]) -> None:
         from edgespec import costs, drafters
         from edgespec.loader import RuntimeOptions
-        from edgespec.session import Session
+        from edgespec.session import Session, frame
 
         self.s = s
         self.opts = RuntimeOptions(n_ctx=s.n_ctx, n_threads=s.n_threads, flash_attn=s.flash_attn, exact=s.exact)
@@ -146,6 +146,9 @@ class Runner:
         self.refs: dict = {}
         try:
             self.framing = resolve_framing(self.target, s.framing)
+            # Stop strings the framing adds (qa: the next "Question:"), the same for every prompt;
+            # llama.cpp's program has none.
+            self.frame_stops = frame(self.target, Request(text="?", framing=self.framing, draft="none")).stop
             if s.llama_cpp:
                 binary = llamacpp.find_binary()
                 if binary is None:
@@ -217,13 +220,6 @@ class Runner:
         from edgespec.session import frame
 
         return frame(self.target, Request(text=text, framing=self.framing, draft="none")).tokens
-
-    @property
-    def frame_stops(self) -> tuple[str, ...]:
-        """Stop strings the framing adds (qa: the next "Question:"); llama.cpp's program has none."""
-        from edgespec.session import frame
-
-        return frame(self.target, Request(text="?", framing=self.framing, draft="none")).stop
 
     def run(self, cfg: Config, text: str, tokens: Sequence[int], max_tokens: int | None = None,
             stop: threading.Event | None = None) -> Run:
