@@ -35,7 +35,7 @@ import numpy as np
 
 from edgespec.drafters import Draft, DraftContext, Hint, register
 from edgespec.drafters.ngram import NgramDrafter
-from edgespec.errors import EdgeSpecError, first_line
+from edgespec.errors import EdgeSpecError, one_line
 from edgespec.sampling import DRAFT, Noise, SamplingParams, process, sample
 
 FORMAT = "edgespec-learned-drafter"
@@ -223,7 +223,7 @@ def open_session(onnx_path: Path, threads: int = 1):
     try:
         return ort.InferenceSession(str(onnx_path), opts, providers=providers)
     except Exception as exc:
-        raise EdgeSpecError(f"ONNX Runtime cannot load {onnx_path}: {first_line(exc)}") from None
+        raise EdgeSpecError(f"ONNX Runtime cannot load {onnx_path}: {one_line(exc)}") from None
 
 
 # ----------------------------------------------------------------------------- drafters
