@@ -10,6 +10,7 @@ from scipy.stats import chisquare, kstest
 from edgespec.errors import EdgeSpecError
 from edgespec.sampling import (
     ACCEPT,
+    DRAFT,
     RESIDUAL,
     SAMPLE,
     Noise,
@@ -108,6 +109,8 @@ def test_rejection_sampling_is_lossless_with_onehot_drafts():
 
 
 def test_exact_match_verification_is_lossless_but_accepts_less():
+    """Both verifiers emit p; over the same seeded draws from q, exact match accepts the first draft
+    with probability sum(q * p), rejection sampling with sum(min(p, q)) (Leviathan et al., Thm 3.5)."""
     rng = np.random.default_rng(4)
     params = SamplingParams(temperature=1.0)
     logits = rng.normal(0, 2, size=(3, V)).astype(np.float32)
@@ -115,8 +118,17 @@ def test_exact_match_verification_is_lossless_but_accepts_less():
     first, _ = _emitted_counts(logits, q_rows, params, lambda lg, d, q, pr, r: verify_match(lg, d, pr, r))
     _assert_matches(first, process(logits[0], params))
     p0 = process(logits[0], params)
-    # acceptance of the first draft: sum q*p for exact match vs sum min(p, q) for rejection sampling
-    assert (q_rows[0] * p0).sum() < np.minimum(q_rows[0], p0).sum()
+    accepted = {"match": 0, "rejection": 0}
+    for seed in range(TRIALS):
+        u = Noise(seed).at(0)
+        draft = np.array([sample(q_rows[0], u(0, DRAFT))], dtype=np.int32)
+        accepted["match"] += verify_match(logits, draft, params, u)[0]
+        accepted["rejection"] += verify_stochastic(logits, draft, q_rows[:1], params, u)[0]
+    rate = {k: v / TRIALS for k, v in accepted.items()}
+    expected = {"match": float((q_rows[0] * p0).sum()), "rejection": float(np.minimum(q_rows[0], p0).sum())}
+    for k in rate:  # within 4 standard errors of the theory
+        assert abs(rate[k] - expected[k]) < 4 * np.sqrt(expected[k] * (1 - expected[k]) / TRIALS), (k, rate, expected)
+    assert rate["match"] < rate["rejection"] - 0.05, rate
 
 
 def test_keyed_noise_is_uniform_independent_and_reproducible():
