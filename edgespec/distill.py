@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.drafters import onnx as learned
-from edgespec.errors import EdgeSpecError, first_line
+from edgespec.errors import EdgeSpecError, one_line
 
 DEFAULT_SUITE = "spec_bench"
 
@@ -413,13 +413,13 @@ def check_out(out: Path) -> Path:
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise EdgeSpecError(f"cannot create the folder {out.parent} for the drafter ({exc.strerror or first_line(exc)}); "
+        raise EdgeSpecError(f"cannot create the folder {out.parent} for the drafter ({exc.strerror or one_line(exc)}); "
                             "choose another --out") from None
     try:
         Path(tempfile.mkdtemp(prefix=f".{out.name}.probe-", dir=out.parent)).rmdir()
     except OSError as exc:
         raise EdgeSpecError(f"cannot write the drafter to {out}: {out.parent} takes no new folders "
-                            f"({exc.strerror or first_line(exc)}); choose another --out") from None
+                            f"({exc.strerror or one_line(exc)}); choose another --out") from None
     return out
 
 

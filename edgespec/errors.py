@@ -10,11 +10,17 @@ class EdgeSpecError(Exception):
     """A problem with the user's input or environment, reported as one line without a traceback."""
 
 
-def first_line(exc: BaseException) -> str:
-    """The first non-blank line of an exception's message (its type's name if it has none), for
-    wrapping a library's error into a one-line EdgeSpecError."""
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return lines[0] if lines else type(exc).__name__
+def one_line(exc: BaseException, *, typed: bool = False, limit: int | None = None) -> str:
+    """An exception's message as one line, never a traceback: its words joined by single spaces
+    (its type's name when it has no message). `typed` names the type first for anything but an
+    EdgeSpecError (whose message is written for the user), as the UI and the server's 500s show an
+    unexpected error; `limit` cuts a long message (an HTTP error page) to that many characters."""
+    text = " ".join(str(exc).split())
+    if not text:
+        return type(exc).__name__
+    if typed and not isinstance(exc, EdgeSpecError):
+        text = f"{type(exc).__name__}: {text}"
+    return text if limit is None or len(text) <= limit else text[:limit] + "..."
 
 
 def run_command(command: Callable[[], int | None]) -> int:

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec import backend, runtime
-from edgespec.errors import EdgeSpecError, first_line, run_command
+from edgespec.errors import EdgeSpecError, one_line, run_command
 from edgespec.runtime import FlashAttn, Model, ModelInfo
 
 DEFAULT_PORT = 50052
@@ -85,7 +85,7 @@ def unreachable(endpoint: str, timeout: float = CONNECT_S) -> str | None:
     except TimeoutError:
         return f"no answer within {timeout:g} s"
     except OSError as exc:
-        return exc.strerror or first_line(exc)
+        return exc.strerror or one_line(exc)
 
 
 def llama_version() -> str:

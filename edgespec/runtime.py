@@ -26,7 +26,7 @@ from typing import Literal
 import numpy as np
 
 from edgespec import backend
-from edgespec.errors import EdgeSpecError, first_line
+from edgespec.errors import EdgeSpecError, one_line
 
 FlashAttn = Literal["auto", "on", "off"]
 _FLASH = {"auto": -1, "off": 0, "on": 1}
@@ -588,13 +588,13 @@ def render_chat_template(template: str, messages: Sequence[dict[str, str]], *, a
         return compiled.render(messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
                                bos_token=bos_token, eos_token=eos_token)
     except SecurityError as exc:
-        raise EdgeSpecError(f"the chat template of {name} was refused by the sandbox: {first_line(exc)}") from None
+        raise EdgeSpecError(f"the chat template of {name} was refused by the sandbox: {one_line(exc)}") from None
     except TemplateError as exc:
-        raise EdgeSpecError(f"the chat template of {name} failed: {first_line(exc)}") from None
+        raise EdgeSpecError(f"the chat template of {name} failed: {one_line(exc)}") from None
     except RecursionError:
         raise EdgeSpecError(f"the chat template of {name} recursed too deeply") from None
     except Exception as exc:  # a template can raise anything its expressions raise
-        raise EdgeSpecError(f"the chat template of {name} failed: {type(exc).__name__}: {first_line(exc)}") from None
+        raise EdgeSpecError(f"the chat template of {name} failed: {one_line(exc, typed=True)}") from None
 
 
 class TextStream:

@@ -40,7 +40,7 @@ except ImportError:
     from httpx import HTTPError as TransportError
     from httpx import TimeoutException
 
-from edgespec.errors import EdgeSpecError
+from edgespec.errors import EdgeSpecError, one_line
 from models.catalog import HF_PREFIX
 from models.inspect import read_header
 
@@ -141,11 +141,6 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
     if len(parts) != 2 or not all(parts) or any(c.isspace() for c in repo):
         raise EdgeSpecError(f"bad Hub model name {spec!r}; expected hf:ORG/REPO or hf:ORG/REPO:FILE.gguf")
     return repo, (file or None)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return (text[:200] + "...") if len(text) > 200 else (text or type(exc).__name__)
 
 
 def _split_parts(name: str) -> list[str]:
@@ -356,16 +351,16 @@ def _download(spec: str, want: HubFile, commit: str | None, progress: Progress |
     except GatedRepoError:
         raise EdgeSpecError(f"{HF_PREFIX}{want.repo} is gated: accept its licence on the Hub and log in (hf auth login)") from None
     except (RepositoryNotFoundError, RevisionNotFoundError, RemoteEntryNotFoundError) as exc:
-        raise EdgeSpecError(f"{want.repo}/{want.file} not found on the Hub ({_one_line(exc)})") from None
+        raise EdgeSpecError(f"{want.repo}/{want.file} not found on the Hub ({one_line(exc, limit=200)})") from None
     except LocalEntryNotFoundError as exc:
         if _timed_out(exc):
             raise EdgeSpecError(_no_answer(spec)) from None
-        raise EdgeSpecError(f"cannot reach the Hub at {endpoint()} to download {want.file} ({_one_line(exc.__cause__ or exc)})") from None
+        raise EdgeSpecError(f"cannot reach the Hub at {endpoint()} to download {want.file} ({one_line(exc.__cause__ or exc, limit=200)})") from None
     except (TransportError, HfHubHTTPError, OSError, ValueError) as exc:
         if _timed_out(exc):
             raise EdgeSpecError(_no_answer(spec)) from None
         raise EdgeSpecError(
-            f"download of {want.repo}/{want.file} failed ({_one_line(exc)}); the partial file was discarded, "
+            f"download of {want.repo}/{want.file} failed ({one_line(exc, limit=200)}); the partial file was discarded, "
             f"run `python -m models pull {spec}` to retry"
         ) from None
     try:
@@ -410,7 +405,7 @@ def pull(spec: str, progress: Progress | None = None, *, show_bar: bool | None =
         if _timed_out(exc):
             raise EdgeSpecError(_no_answer(spec)) from None
         raise EdgeSpecError(
-            f"cannot reach the Hub at {endpoint()} ({_one_line(exc)}) and {spec} is not cached; "
+            f"cannot reach the Hub at {endpoint()} ({one_line(exc, limit=200)}) and {spec} is not cached; "
             "check the connection or HF_ENDPOINT"
         ) from None
     chosen = _choose(spec, repo, file, files)

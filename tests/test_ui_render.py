@@ -7,10 +7,10 @@ from pathlib import Path
 
 from edgespec.costs import CostModel
 from edgespec.engine import Stats
-from edgespec.errors import EdgeSpecError
+from edgespec.errors import EdgeSpecError, one_line
 from edgespec.session import Reply
 from edgespec.ui import render
-from edgespec.ui.live import Tracker, one_line
+from edgespec.ui.live import Tracker
 
 UI_DIR = Path(__file__).resolve().parent.parent / "edgespec" / "ui"
 
@@ -79,7 +79,7 @@ def test_plain_decoding_has_no_cost_model_and_says_so():
 
 def test_errors_are_one_line():
     assert one_line(EdgeSpecError("the prompt is empty")) == "the prompt is empty"
-    msg = one_line(RuntimeError("first line\n  Traceback (most recent call last):\n  more"))
+    msg = one_line(RuntimeError("first line\n  Traceback (most recent call last):\n  more"), typed=True)
     assert "\n" not in msg and msg.startswith("RuntimeError: first line")
     tr = Tracker(error="the prompt is 900 tokens but the context holds 512")
     assert render.stats_line(tr) == "error: the prompt is 900 tokens but the context holds 512"

@@ -13,12 +13,12 @@ from typing import Any
 
 import gradio as gr
 
-from edgespec.errors import EdgeSpecError
+from edgespec.errors import EdgeSpecError, one_line
 from edgespec.sampling import SamplingParams
 from edgespec.session import Request
 from edgespec.ui import render
 from edgespec.ui.context import AppContext, default_kind, drafter_choices, drafter_help, drafter_spec
-from edgespec.ui.live import Tracker, one_line, stream
+from edgespec.ui.live import Tracker, stream
 
 
 def chat_messages(turns: list[dict], highlight: bool) -> list[dict[str, str]]:
@@ -131,7 +131,7 @@ def build_chat_tab(ctx: AppContext, target: gr.Dropdown, draft_model: gr.Dropdow
                 sampling=sampling,
             )
         except (EdgeSpecError, TypeError, ValueError) as exc:
-            tr.error = one_line(exc)
+            tr.error = one_line(exc, typed=True)
             turns_.pop()
             yield _outputs(turns_, tr, highlight_)
             return

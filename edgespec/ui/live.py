@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 from edgespec.engine import Stats
-from edgespec.errors import EdgeSpecError
+from edgespec.errors import one_line
 from edgespec.session import Reply, Request
 from edgespec.ui.pool import ModelPool
 
@@ -93,13 +93,6 @@ def _snapshot(reply: Reply) -> Reply:
                    stats=stats, policy=dict(reply.policy))
 
 
-def one_line(exc: BaseException) -> str:
-    """An exception as the one line the UI shows (never a traceback)."""
-    text = str(exc) if isinstance(exc, EdgeSpecError) else f"{type(exc).__name__}: {exc}"
-    lines = [x.strip() for x in text.splitlines() if x.strip()]
-    return " ".join(lines) if lines else type(exc).__name__
-
-
 def _worker(pool: ModelPool, target: str, req: Request, stop: threading.Event, out: queue.Queue,
             owner: str | None) -> None:
     try:
@@ -109,7 +102,7 @@ def _worker(pool: ModelPool, target: str, req: Request, stop: threading.Event, o
             for ev, reply in session.generate(req, stop, prepared):
                 out.put(("event", ((ev.gamma, ev.drafted, ev.accepted), _snapshot(reply), time.perf_counter() - t0)))
     except Exception as exc:  # the app must survive anything a model or input can throw
-        out.put(("error", one_line(exc)))
+        out.put(("error", one_line(exc, typed=True)))
     finally:
         out.put(("done", None))
 

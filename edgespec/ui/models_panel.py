@@ -13,10 +13,9 @@ import gradio as gr
 import pandas as pd
 
 from edgespec import drafters
-from edgespec.errors import EdgeSpecError
+from edgespec.errors import EdgeSpecError, one_line
 from edgespec.runtime import Model
 from edgespec.ui.context import AppContext, default_draft_model
-from edgespec.ui.live import one_line
 
 # Gradio recognises a progress parameter by its default being a gr.Progress instance.
 PROGRESS = gr.Progress()
@@ -171,7 +170,7 @@ def download(name: str, progress: gr.Progress) -> list[Path]:
 
 
 def _error_html(exc: BaseException) -> str:
-    return f'<span class="es-error">error: {html.escape(one_line(exc))}</span>'
+    return f'<span class="es-error">error: {html.escape(one_line(exc, typed=True))}</span>'
 
 
 def build_models_tab(ctx: AppContext) -> tuple[gr.Dropdown, gr.Dropdown]:

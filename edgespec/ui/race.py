@@ -17,11 +17,11 @@ import gradio as gr
 import pandas as pd
 
 from edgespec import drafters
-from edgespec.errors import EdgeSpecError
+from edgespec.errors import EdgeSpecError, one_line
 from edgespec.session import Request
 from edgespec.ui import render
 from edgespec.ui.context import AppContext
-from edgespec.ui.live import Tracker, one_line, stream
+from edgespec.ui.live import Tracker, stream
 
 N_COLUMNS = 3
 FRAME_S = 0.1  # replay refresh interval
