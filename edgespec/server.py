@@ -675,7 +675,7 @@ def load(args: argparse.Namespace) -> tuple[Server, Any]:
     """Load the target (and drafter, and its cost profile) and build the Server and its pool."""
     from edgespec import drafters
     from edgespec.session import Request, runtime_options
-    from edgespec.ui.pool import ModelPool
+    from edgespec.pool import ModelPool
     from models import DEFAULT_TARGET, resolve
 
     if args.queue < 0:

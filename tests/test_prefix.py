@@ -144,7 +144,7 @@ def test_draft_model_reuses_its_cache(smollm2_path):
 
 
 def test_ui_pool_gives_an_owner_its_own_session_back():
-    from edgespec.ui.pool import ModelPool
+    from edgespec.pool import ModelPool
 
     pool = ModelPool(RuntimeOptions(n_ctx=256), per_key=2)
     try:

@@ -8,8 +8,8 @@ import pytest
 
 from edgespec.errors import EdgeSpecError
 from edgespec.loader import RuntimeOptions
+from edgespec.pool import ModelPool
 from edgespec.session import Session
-from edgespec.ui.pool import ModelPool
 
 OPTS = RuntimeOptions(n_ctx=256)
 

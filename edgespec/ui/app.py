@@ -9,11 +9,11 @@ import gradio as gr
 
 from edgespec import drafters
 from edgespec.loader import RuntimeOptions
+from edgespec.pool import ModelPool
 from edgespec.ui.bench_tab import bench_tab
 from edgespec.ui.chat import build_chat_tab
 from edgespec.ui.context import AppContext, Defaults
 from edgespec.ui.models_panel import build_models_tab
-from edgespec.ui.pool import ModelPool
 from edgespec.ui.race import build_race_tab
 from edgespec.ui.render import CSS
 

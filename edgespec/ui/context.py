@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from edgespec import drafters
 from edgespec.errors import EdgeSpecError
 from edgespec.loader import RuntimeOptions
-from edgespec.ui.pool import ModelPool
+from edgespec.pool import ModelPool
 
 
 @dataclass

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field, replace
 
 from edgespec.engine import Stats
 from edgespec.errors import one_line
+from edgespec.pool import ModelPool
 from edgespec.session import Reply, Request
-from edgespec.ui.pool import ModelPool
 
 
 @dataclass(frozen=True)

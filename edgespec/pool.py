@@ -1,4 +1,6 @@
-"""Loaded sessions shared by every UI session.
+"""Loaded sessions shared by everything that generates: the UI's browser sessions and the
+server's worker (`serve --ui` leases from one pool, so the UI and the API never run on one context
+at the same time). Below both: it knows sessions, not pages or requests.
 
 A `Session` holds one target (one llama.cpp context) and the draft models loaded against it; it is
 not thread-safe, so a generation leases a session for its whole run. The pool keeps up to
