@@ -344,7 +344,7 @@ def _summary(reply: Any) -> dict:
         "predicted_per_second": st.tokens_per_s,
         "draft_n": st.drafted,
         "draft_n_accepted": st.accepted,
-        # EdgeSpec's (engine.Stats, one definition each)
+        # EdgeSpec's (stats.Stats, one definition each)
         "acceptance": st.acceptance_rate,
         "alpha": st.alpha,
         "mean_accepted": st.mean_accepted,

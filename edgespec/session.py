@@ -32,11 +32,12 @@ from edgespec import runtime
 from edgespec.adaptive import AutoGamma
 from edgespec.costs import CostModel
 from edgespec.drafters import Drafter
-from edgespec.engine import Engine, FixedGamma, GammaPolicy, GenerationConfig, Stats, StepEvent
+from edgespec.engine import Engine, FixedGamma, GammaPolicy, GenerationConfig, StepEvent
 from edgespec.errors import EdgeSpecError
 from edgespec.loader import RuntimeOptions, load_model
 from edgespec.runtime import Model
 from edgespec.sampling import SamplingParams
+from edgespec.stats import Stats
 
 MAX_GAMMA = 64  # a step verifies at most this many drafts (one llama.cpp batch holds 512 rows)
 # How a prompt becomes tokens (`frame`):

@@ -6,10 +6,11 @@ from dataclasses import replace
 
 import pytest
 
-from edgespec.engine import Stats, StepEvent
+from edgespec.engine import StepEvent
 from edgespec.errors import EdgeSpecError
 from edgespec.loader import RuntimeOptions
 from edgespec.session import TRANSCRIPT_STOP, Request, Session, StopStrings, frame, parse_gamma
+from edgespec.stats import Stats
 
 
 def event(pieces: list[str], done: bool = False) -> StepEvent:

@@ -6,9 +6,9 @@ import re
 from pathlib import Path
 
 from edgespec.costs import CostModel
-from edgespec.engine import Stats
 from edgespec.errors import EdgeSpecError, one_line
 from edgespec.session import Reply
+from edgespec.stats import Stats
 from edgespec.ui import render
 from edgespec.ui.live import Tracker
 

@@ -16,10 +16,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
-from edgespec.engine import Stats
 from edgespec.errors import one_line
 from edgespec.pool import ModelPool
 from edgespec.session import Reply, Request
+from edgespec.stats import Stats
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,166 @@
+"""`Stats`: the counters and timings of one generation (or, merged, of several), and the figures
+derived from them. The engine records into it step by step; every consumer (UI, CLI, server, bench)
+reads its properties, none recomputes them."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+PLAIN_KEEP = 256  # plain-step timings kept per generation (Stats.plain_pass_s)
+
+
+class Step(Protocol):
+    """What `Stats.end_in_step` reads of a step (engine.StepEvent)."""
+
+    drafted: int
+    accepted: int
+
+    @property
+    def produced(self) -> int: ...
+
+    @property
+    def done(self) -> bool: ...
+
+
+@dataclass
+class Stats:
+    """Counters and timings of one generation; every consumer reads these, none recomputes them."""
+
+    prompt_tokens: int = 0
+    prompt_reused: int = 0  # prompt tokens whose K/V were already in the cache (prefix reuse)
+    prompt_prefilled: int = 0  # prompt tokens decoded by this generation (prompt_tokens - prompt_reused)
+    generated: int = 0  # tokens of the answer (the reply's tokens; what tokens/s counts)
+    # Tokens that ended the generation without being part of the answer: the end-of-generation
+    # token, or the tokens of a stop string (after the one its first character falls in). They were
+    # produced by target calls all the same (see `produced`).
+    end_tokens: int = 0
+    target_calls: int = 0
+    # Drafts are counted up to the generation's end: drafts a step verified beyond the token that
+    # ended the generation (an end-of-generation token, the end of a stop string) are not.
+    drafted: int = 0
+    accepted: int = 0
+    rejections: int = 0  # steps whose draft was cut short by a rejected token (before the end)
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    target_s: float = 0.0
+    verify_s: float = 0.0
+    wall_s: float = 0.0
+    ttft_s: float | None = None
+    target_bytes: int = 0
+    gamma_hist: dict[int, int] = field(default_factory=dict)
+    accepted_hist: dict[int, int] = field(default_factory=dict)
+    # Wall seconds of each plain (single-row) step, from the previous event to this one, i.e. what
+    # plain decoding costs per token here and now: for the measured speedup and for judging the
+    # stored cost profile. The last PLAIN_KEEP of them.
+    plain_pass_s: list[float] = field(default_factory=list)
+    # Seconds of each target pass (llama_decode and nothing else) by its row count, i.e. T(K) as
+    # real steps see it, at the real context length: what the cost profile is checked against.
+    pass_s: dict[int, list[float]] = field(default_factory=dict)
+
+    @property
+    def decode_s(self) -> float:
+        """Seconds spent producing tokens (wall time after the prompt was processed)."""
+        return max(self.wall_s - self.prefill_s, 1e-9)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated / self.decode_s
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / drafted: the share of proposed tokens that were kept."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def alpha(self) -> float:
+        """The paper's alpha, per token tested: accepted / (accepted + rejections). Drafts after the
+        first rejection of a step are never tested, so this is >= acceptance_rate."""
+        tested = self.accepted + self.rejections
+        return self.accepted / tested if tested else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        """Accepted draft tokens per target call."""
+        return self.accepted / self.target_calls if self.target_calls else 0.0
+
+    @property
+    def produced(self) -> int:
+        """Tokens the target calls produced up to the generation's end: the answer's and the ones
+        that ended it. Every call produces at least one."""
+        return self.generated + self.end_tokens
+
+    @property
+    def tokens_per_call(self) -> float:
+        """Tokens produced per target call (`produced`: the token that ended the generation counts,
+        as the call that produced it was needed): 1.00 for plain decoding, more when drafts are kept."""
+        return self.produced / self.target_calls if self.target_calls else 0.0
+
+    @property
+    def bandwidth_gb_s(self) -> float:
+        """Target weight bytes streamed per second (each target call reads all weights once)."""
+        return self.target_bytes * self.target_calls / self.decode_s / 1e9
+
+    def record_step(self, k: int, n_acc: int, shown: int, eog: bool, ended: bool) -> None:
+        """Count one target call that verified k draft tokens and accepted n_acc: `shown` tokens of
+        answer, then the end-of-generation token if `eog`; `ended`: the generation ended there."""
+        drafted, accepted, rejected = _step_counts(k, n_acc, shown + eog if ended else None)
+        self.target_calls += 1
+        self.generated += shown
+        self.end_tokens += eog
+        self.drafted += drafted
+        self.accepted += accepted
+        self.rejections += rejected
+        self.gamma_hist[k] = self.gamma_hist.get(k, 0) + 1  # passes by draft length: what they cost
+        if drafted:
+            self.accepted_hist[accepted] = self.accepted_hist.get(accepted, 0) + 1
+
+    def record_plain_pass(self, seconds: float) -> None:
+        """One plain (single-row) step took `seconds`; keeps the last PLAIN_KEEP of them."""
+        self.plain_pass_s.append(seconds)
+        del self.plain_pass_s[:-PLAIN_KEEP]
+
+    def end_in_step(self, ev: Step, produced: int, generated: int) -> None:
+        """The generation ended inside its last step `ev` (counted in full): at its `produced`-th
+        token, where a stop string was completed, with `generated` tokens of answer in all. Recount
+        that step up to there, as the engine counts a step cut short by an end-of-generation token."""
+        was = _step_counts(ev.drafted, ev.accepted, ev.produced if ev.done else None)
+        now = _step_counts(ev.drafted, ev.accepted, produced)
+        self.end_tokens = self.produced - ev.produced + produced - generated
+        self.generated = generated
+        self.drafted += now[0] - was[0]
+        self.accepted += now[1] - was[1]
+        self.rejections += now[2] - was[2]
+        if was[0]:
+            self.accepted_hist[was[1]] -= 1
+            if not self.accepted_hist[was[1]]:
+                del self.accepted_hist[was[1]]
+        if now[0]:
+            self.accepted_hist[now[1]] = self.accepted_hist.get(now[1], 0) + 1
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        del d["plain_pass_s"], d["pass_s"]
+        d["pass_s_median"] = {str(k): float(np.median(v)) for k, v in sorted(self.pass_s.items())}
+        d["pass_count"] = {str(k): len(v) for k, v in sorted(self.pass_s.items())}
+        d.update(produced=self.produced, tokens_per_s=self.tokens_per_s, acceptance_rate=self.acceptance_rate,
+                 alpha=self.alpha,
+                 mean_accepted=self.mean_accepted, tokens_per_call=self.tokens_per_call,
+                 bandwidth_gb_s=self.bandwidth_gb_s)
+        d["gamma_hist"] = {str(k): v for k, v in sorted(self.gamma_hist.items())}
+        d["accepted_hist"] = {str(k): v for k, v in sorted(self.accepted_hist.items())}
+        return d
+
+
+def _step_counts(k: int, n_acc: int, end: int | None) -> tuple[int, int, int]:
+    """(drafted, accepted, rejections) of a step that verified k drafts and accepted n_acc. `end`:
+    the generation ended at the step's end-th token (None: it goes on). Draft j (1-based) sits at
+    position j, so drafts beyond the end are neither drafted nor accepted, and a rejection counts
+    only if the rejected draft came before the end."""
+    if end is None:
+        return k, n_acc, int(n_acc < k)
+    drafted, accepted = min(k, end), min(n_acc, end)
+    return drafted, accepted, int(accepted < drafted)
+
