@@ -1,4 +1,4 @@
-"""Figures for the learned drafter (README "Learned drafter").
+"""Figures for the learned drafter (docs/learned_drafter.md).
 
   python -m benchmarks.learned_drafter summary RESULTS.json [RESULTS.json ...]
       per bench configuration: median and minimum speedup over prompts, alpha, c, tokens per target
