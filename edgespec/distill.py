@@ -21,19 +21,20 @@ manifest lists the question ids used.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
 
-from edgespec.drafters import onnx as learned
+from edgespec import learned_format as fmt
+from edgespec.drafters.onnx import open_session
 from edgespec.errors import EdgeSpecError, one_line
+from edgespec.gguf_tensors import TargetTensors, target_fingerprint
 
 DEFAULT_SUITE = "spec_bench"
 
@@ -53,6 +54,7 @@ class DistillConfig:
     seed: int = 0
     n_ctx: int = 2048
     threads: int | None = None
+    lr: float = 2e-3  # Adam's peak learning rate (no flag: 0 makes an untrained drafter, for tests)
 
     def __post_init__(self) -> None:
         if not self.budget_minutes > 0:
@@ -360,7 +362,7 @@ def build_onnx(params: dict[str, np.ndarray], head: np.ndarray):
     inits = [numpy_helper.from_array(np.ascontiguousarray(v), name=k) for k, v in params.items()]
     inits.append(numpy_helper.from_array(np.ascontiguousarray(head.T.astype(np.float32)), name="head_T"))
     nodes = [
-        helper.make_node("Concat", ["feature", "embedding"], ["z"], axis=1),
+        helper.make_node("Concat", list(fmt.INPUTS), ["z"], axis=1),
         helper.make_node("MatMul", ["z", "W1"], ["a0"]),
         helper.make_node("Add", ["a0", "b1"], ["a"]),
         helper.make_node("Sigmoid", ["a"], ["sig"]),
@@ -368,15 +370,14 @@ def build_onnx(params: dict[str, np.ndarray], head: np.ndarray):
         helper.make_node("MatMul", ["s", "W2"], ["f0"]),
         helper.make_node("MatMul", ["z", "A"], ["skip"]),
         helper.make_node("Add", ["f0", "skip"], ["f1"]),
-        helper.make_node("Add", ["f1", "b2"], ["next_feature"]),
-        helper.make_node("MatMul", ["next_feature", "head_T"], ["logits"]),
+        helper.make_node("Add", ["f1", "b2"], [fmt.NEXT_FEATURE]),
+        helper.make_node("MatMul", [fmt.NEXT_FEATURE, "head_T"], [fmt.LOGITS]),
     ]
     graph = helper.make_graph(
         nodes, "edgespec_learned_drafter",
-        [helper.make_tensor_value_info("feature", TensorProto.FLOAT, ["batch", n_embd]),
-         helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", n_embd])],
-        [helper.make_tensor_value_info("next_feature", TensorProto.FLOAT, ["batch", n_embd]),
-         helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", head.shape[0]])],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", n_embd]) for name in fmt.INPUTS],
+        [helper.make_tensor_value_info(fmt.NEXT_FEATURE, TensorProto.FLOAT, ["batch", n_embd]),
+         helper.make_tensor_value_info(fmt.LOGITS, TensorProto.FLOAT, ["batch", head.shape[0]])],
         inits,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="edgespec-distill")
@@ -407,8 +408,8 @@ def check_out(out: Path) -> Path:
     if out.exists() or out.is_symlink():
         if not out.is_dir():
             raise EdgeSpecError(f"--out {out} is an existing file, not a drafter folder; name a new folder")
-        if any(out.iterdir()) and not (out / learned.MANIFEST).is_file():
-            raise EdgeSpecError(f"--out {out} is a folder with other files and no drafter ({learned.MANIFEST}) in it; "
+        if any(out.iterdir()) and not (out / fmt.MANIFEST).is_file():
+            raise EdgeSpecError(f"--out {out} is a folder with other files and no drafter ({fmt.MANIFEST}) in it; "
                                 "name a new folder")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -423,7 +424,8 @@ def check_out(out: Path) -> Path:
     return out
 
 
-def export(out: Path, trainer: Trainer, subset: np.ndarray, manifest: dict, heldout: Dataset | None = None) -> Path:
+def export(out: Path, trainer: Trainer, subset: np.ndarray, manifest: fmt.Manifest,
+           heldout: Dataset | None = None) -> Path:
     """Write drafter.onnx + manifest.json into a temporary sibling folder, check the graph against
     the numpy model in ONNX Runtime, then move it into place (replacing an older drafter)."""
     import onnx
@@ -432,13 +434,13 @@ def export(out: Path, trainer: Trainer, subset: np.ndarray, manifest: dict, held
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.part-", dir=out.parent))
     try:
         model = build_onnx(trainer.export_params(), trainer.head)
-        onnx.save(model, str(tmp / learned.ONNX_FILE))
-        (tmp / learned.MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-        sess = learned.open_session(tmp / learned.ONNX_FILE)
+        onnx.save(model, str(tmp / fmt.ONNX_FILE))
+        manifest.write(tmp)
+        sess = open_session(tmp / fmt.ONNX_FILE)
         d = trainer.data
         j = np.arange(min(8, len(d.h)))
         h, e = d.h[j], trainer.emb_of(d.e_tok[j])
-        got_f, got_l = sess.run(("next_feature", "logits"), {"feature": h, "embedding": e})
+        got_f, got_l = sess.run(fmt.OUTPUTS, dict(zip(fmt.INPUTS, (h, e), strict=True)))
         want_f = trainer.predict(h, e)
         err = float(np.abs(got_f - want_f).max() / (np.abs(want_f).max() + 1e-9))
         if err > 1e-3:
@@ -447,17 +449,18 @@ def export(out: Path, trainer: Trainer, subset: np.ndarray, manifest: dict, held
         check = heldout if heldout is not None and len(heldout.h) else d
         k = np.arange(min(512, len(check.h)))
         h, e = check.h[k], trainer.emb_of(check.e_tok[k])
-        want = sess.run(("logits",), {"feature": h, "embedding": e})[0].argmax(1)
+        feed = dict(zip(fmt.INPUTS, (h, e), strict=True))
+        want = sess.run((fmt.LOGITS,), feed)[0].argmax(1)
         onnx.save(quantize_weights(model), str(tmp / "int8.onnx"))
-        got = learned.open_session(tmp / "int8.onnx").run(("logits",), {"feature": h, "embedding": e})[0].argmax(1)
+        got = open_session(tmp / "int8.onnx").run((fmt.LOGITS,), feed)[0].argmax(1)
         agree = float((got == want).mean())
-        manifest["weights"] = {"format": "int8 MatMulNBits, block 32" if agree >= 0.98 else "float32",
-                               "int8_argmax_agreement": round(agree, 4)}
+        manifest.weights = {"format": "int8 MatMulNBits, block 32" if agree >= 0.98 else "float32",
+                            "int8_argmax_agreement": round(agree, 4)}
         if agree >= 0.98:
-            (tmp / "int8.onnx").replace(tmp / learned.ONNX_FILE)
+            (tmp / "int8.onnx").replace(tmp / fmt.ONNX_FILE)
         else:
             (tmp / "int8.onnx").unlink()
-        (tmp / learned.MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        manifest.write(tmp)
         if out.exists():
             old = out.with_name(f".{out.name}.old-{int(time.time())}")
             out.rename(old)
@@ -486,11 +489,11 @@ def run(cfg: DistillConfig, log: Callable[[str], None] = print) -> Path:
     opts = RuntimeOptions(n_ctx=cfg.n_ctx, n_threads=cfg.threads)
     model = load_model(cfg.target, opts)
     session = Session(model, opts)
-    tensors = learned.TargetTensors(model.path)
+    tensors = TargetTensors(model.path)
     if tensors.n_embd != model.n_embd or tensors.n_vocab < model.n_vocab:
         raise EdgeSpecError(f"{Path(model.path).name}: GGUF embeddings ({tensors.n_vocab}x{tensors.n_embd}) do not match "
                             f"the model ({model.n_vocab}x{model.n_embd})")
-    out = out or check_out(learned.store_dir() / Path(model.path).stem)
+    out = out or check_out(fmt.store_dir() / Path(model.path).stem)
     log(f"distilling a drafter for {Path(model.path).name} into {out} (budget {cfg.budget_minutes:g} min; "
         f"{len(train_prompts)} training prompts, {len(held_ids)} held out)")
 
@@ -524,9 +527,9 @@ def run(cfg: DistillConfig, log: Callable[[str], None] = print) -> Path:
         batch = 256
         while time.monotonic() < train_end:
             frac = (time.monotonic() - t_train0) / span
-            lr = 2e-3 * min(1.0, (trainer.steps + 1) / 50) * 0.5 * (1 + np.cos(np.pi * min(frac, 1.0)))
+            lr = cfg.lr * min(1.0, (trainer.steps + 1) / 50) * 0.5 * (1 + np.cos(np.pi * min(frac, 1.0)))
             idx = rng.integers(0, len(data.h), batch)
-            trainer.step(idx, max(lr, 2e-5))
+            trainer.step(idx, max(lr, cfg.lr / 100))
             if trainer.steps % 10 == 0:
                 tick(f"step {trainer.steps}, loss {trainer.loss:.3f}")
         if trainer.steps == 0:
@@ -536,23 +539,20 @@ def run(cfg: DistillConfig, log: Callable[[str], None] = print) -> Path:
         top1 = trainer.accuracy(heldout, subset) if heldout is not None else None
         chain = chain_acceptance(trainer, held, subset)
         coverage = float(np.isin(heldout.argmax_next, subset).mean()) if heldout is not None else None
-        manifest = {
-            "format": learned.FORMAT,
-            "version": learned.VERSION,
-            "onnx": learned.ONNX_FILE,
-            "target_file": Path(model.path).name,
-            "target": learned.target_fingerprint(model.path),  # what LearnedDrafter checks
-            "n_embd": model.n_embd,
-            "n_vocab": model.n_vocab,
-            "vocab_subset": [int(t) for t in subset],
-            "design": {
+        manifest = fmt.Manifest(
+            target_file=Path(model.path).name,
+            target=target_fingerprint(model.path),  # what LearnedDrafter checks
+            n_embd=model.n_embd,
+            n_vocab=model.n_vocab,
+            vocab_subset=[int(t) for t in subset],
+            design={
                 "kind": "mlp-feature-regression",
                 "inputs": "target final hidden state (or own prediction) + input embedding of the next token",
                 "hidden": cfg.hidden,
                 "head": f"target output rows for {len(subset)} most frequent tokens (FR-Spec)",
                 "parameters": int(sum(v.size for v in trainer.mlp.p.values())),
             },
-            "training": {
+            training={
                 "suites": cfg.suites,
                 "held_out_ids": held_ids,
                 "corpus_ids": sorted({s.qid for s in fit if s.kind == "corpus"}),
@@ -564,14 +564,14 @@ def run(cfg: DistillConfig, log: Callable[[str], None] = print) -> Path:
                 "final_loss": round(trainer.loss, 4),
                 "seconds": round(time.monotonic() - t_start, 1),
             },
-            "heldout": {
-                "sequences": len(held),
-                "tokens": int(sum(len(s.tokens) for s in held)),
-                "top1_agreement": None if top1 is None else round(top1, 4),
-                "subset_coverage": None if coverage is None else round(coverage, 4),
-                "chain_acceptance": chain,
-            },
-        }
+            heldout=fmt.Heldout(
+                sequences=len(held),
+                tokens=int(sum(len(s.tokens) for s in held)),
+                top1_agreement=None if top1 is None else round(top1, 4),
+                subset_coverage=None if coverage is None else round(coverage, 4),
+                chain_acceptance=chain,
+            ),
+        )
         path = export(out, trainer, subset, manifest, heldout)
         bar.n = bar.total
         bar.close()
@@ -585,17 +585,17 @@ def run(cfg: DistillConfig, log: Callable[[str], None] = print) -> Path:
     return path
 
 
-def summary(manifest: dict) -> str:
+def summary(manifest: fmt.Manifest) -> str:
     """The run's figures in words; a figure the held-out data could not give is said so, not None."""
-    tr, h = manifest["training"], manifest["heldout"]
+    tr, h = manifest.training, manifest.heldout
     parts = [f"{tr['tokens']} training tokens, {tr['steps']} steps, {tr['seconds']:.0f} s"]
-    if h["top1_agreement"] is None:
+    if h.top1_agreement is None:
         parts.append("too little text to hold any out for evaluation (raise --budget-minutes)")
     else:
-        parts.append(f"held-out top-1 agreement {100 * h['top1_agreement']:.1f}%")
-        if h["subset_coverage"] is not None:
-            parts.append(f"the vocabulary subset covers {100 * h['subset_coverage']:.1f}% of the target's tokens")
-    depths = [f"{100 * a:.0f}%" for a in h["chain_acceptance"] if a is not None]
+        parts.append(f"held-out top-1 agreement {100 * h.top1_agreement:.1f}%")
+        if h.subset_coverage is not None:
+            parts.append(f"the vocabulary subset covers {100 * h.subset_coverage:.1f}% of the target's tokens")
+    depths = [f"{100 * a:.0f}%" for a in h.chain_acceptance if a is not None]
     if depths:
         parts.append(f"greedy acceptance at draft depth 1..{len(depths)}: {', '.join(depths)}")
     else:
@@ -604,17 +604,23 @@ def summary(manifest: dict) -> str:
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
+    """The command's flags; every default is DistillConfig's."""
+    d = {f.name: f.default for f in fields(DistillConfig)}
     ap.add_argument("--target", required=True, help="target model: .gguf path or bundled name")
     ap.add_argument("--out", default=None, help="drafter folder (default: the drafter store, named after the target)")
     ap.add_argument("--suite", action="append", default=[], help=f"prompt suite (.jsonl or shipped name; repeatable; default {DEFAULT_SUITE})")
-    ap.add_argument("--budget-minutes", type=float, default=20.0, help="whole run, collection + training + export (default 20)")
-    ap.add_argument("--holdout", type=int, default=5, help="first N prompts of each category are never trained on (default 5)")
-    ap.add_argument("--vocab", type=int, default=16384, help="output vocabulary subset size (FR-Spec; default 16384)")
-    ap.add_argument("--hidden", type=int, default=1024, help="MLP width (default 1024)")
-    ap.add_argument("--max-new-tokens", type=int, default=96, help="length of each self-generated answer (default 96)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--ctx", type=int, default=2048)
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--budget-minutes", type=float, default=d["budget_minutes"],
+                    help=f"whole run, collection + training + export (default {d['budget_minutes']:g})")
+    ap.add_argument("--holdout", type=int, default=d["holdout"],
+                    help=f"first N prompts of each category are never trained on (default {d['holdout']})")
+    ap.add_argument("--vocab", type=int, default=d["vocab"], help=f"output vocabulary subset size (FR-Spec; default {d['vocab']})")
+    ap.add_argument("--hidden", type=int, default=d["hidden"], help=f"MLP width (default {d['hidden']})")
+    ap.add_argument("--max-new-tokens", type=int, default=d["max_new_tokens"],
+                    help=f"length of each self-generated answer (default {d['max_new_tokens']})")
+    ap.add_argument("--seed", type=int, default=d["seed"])
+    ap.add_argument("--ctx", type=int, default=d["n_ctx"])
+    ap.add_argument("--threads", type=int, default=d["threads"])
+    ap.add_argument("--lr", type=float, default=d["lr"], help=argparse.SUPPRESS)  # tests: 0 = an untrained drafter
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -633,7 +639,7 @@ def run_args(args: argparse.Namespace) -> int:
         cfg = DistillConfig(target=args.target, out=args.out, suites=args.suite or [DEFAULT_SUITE],
                             budget_minutes=args.budget_minutes, holdout=args.holdout, vocab=args.vocab,
                             hidden=args.hidden, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                            n_ctx=args.ctx, threads=args.threads)
+                            n_ctx=args.ctx, threads=args.threads, lr=args.lr)
         try:
             run(cfg)
         except KeyboardInterrupt:

@@ -11,11 +11,14 @@ import time
 import numpy as np
 import pytest
 
+from edgespec import learned_format as fmt
 from edgespec.drafters import build
-from edgespec.drafters import onnx as learned
+from edgespec.drafters.combined import CombinedDrafter
 from edgespec.drafters.ngram import NgramDrafter
+from edgespec.drafters.onnx import LearnedDrafter
 from edgespec.engine import DRAFT, Engine, FixedGamma, GenerationConfig
 from edgespec.errors import EdgeSpecError
+from edgespec.gguf_tensors import target_fingerprint
 from edgespec.loader import RuntimeOptions
 from edgespec.sampling import SamplingParams, process
 from edgespec.session import Reply
@@ -40,9 +43,9 @@ def drafter_dir(tmp_path_factory):
 
 
 def test_distill_writes_a_checked_onnx_drafter_and_manifest(drafter_dir, smollm2):
-    m = json.loads((drafter_dir / learned.MANIFEST).read_text())
-    assert m["format"] == learned.FORMAT and (drafter_dir / learned.ONNX_FILE).stat().st_size > 0
-    assert m["target"] == learned.target_fingerprint(smollm2.path)
+    m = json.loads((drafter_dir / fmt.MANIFEST).read_text())
+    assert m["format"] == fmt.FORMAT and (drafter_dir / fmt.ONNX_FILE).stat().st_size > 0
+    assert m["target"] == target_fingerprint(smollm2.path)
     assert m["n_embd"] == smollm2.n_embd == 576
     subset = np.asarray(m["vocab_subset"])
     assert len(subset) == 4096 and len(np.unique(subset)) == 4096 and subset.max() < smollm2.n_vocab
@@ -55,7 +58,7 @@ def test_distill_writes_a_checked_onnx_drafter_and_manifest(drafter_dir, smollm2
 
 
 def test_onnx_runtime_cpu_provider_and_proposals(drafter_dir, smollm2):
-    d = learned.LearnedDrafter(drafter_dir, smollm2)
+    d = LearnedDrafter(drafter_dir, smollm2)
     assert d.provider == "CPUExecutionProvider" and d.name.endswith("@CPU")
     assert 0 < d.draft_cost_s() < 1.0
     prompt = smollm2.tokenize("The sea is")
@@ -95,7 +98,7 @@ def test_greedy_with_learned_drafter_equals_same_path_reference(drafter_dir, smo
         prompt = smollm2.tokenize(smollm2.apply_chat_template([{"role": "user", "content": text}]), parse_special=True)
         ref = Reply.collect(Engine(smollm2, None).generate(prompt, cfg))
         for gamma in (1, 3):
-            drafter = learned.LearnedDrafter(drafter_dir, smollm2)
+            drafter = LearnedDrafter(drafter_dir, smollm2)
             spec = Reply.collect(Engine(smollm2, drafter, FixedGamma(gamma)).generate(prompt, cfg))
             assert spec.tokens == ref.tokens, f"gamma={gamma} {text!r}"
             assert spec.stats.drafted > 0  # it did draft after the first (plain) step
@@ -109,7 +112,7 @@ def test_greedy_with_learned_drafter_equals_same_path_reference(drafter_dir, smo
 def test_sampled_verification_with_learned_drafter_is_reproducible(drafter_dir, smollm2):
     prompt = smollm2.tokenize("Once upon a time")
     cfg = GenerationConfig(max_tokens=32, sampling=SamplingParams(0.8, seed=11))
-    runs = [Reply.collect(Engine(smollm2, learned.LearnedDrafter(drafter_dir, smollm2), FixedGamma(2)).generate(prompt, cfg))
+    runs = [Reply.collect(Engine(smollm2, LearnedDrafter(drafter_dir, smollm2), FixedGamma(2)).generate(prompt, cfg))
             for _ in range(2)]
     assert runs[0].tokens == runs[1].tokens and len(runs[0].tokens) == 32
     assert runs[0].stats.drafted > 0
@@ -119,7 +122,7 @@ def test_combined_drafter_names_each_source(drafter_dir, smollm2):
     text = ("Repeat this list exactly: apples, pears, plums, cherries, grapes, lemons, limes, oranges, "
             "apples, pears, plums, cherries, grapes, lemons, limes, oranges.")
     prompt = smollm2.tokenize(smollm2.apply_chat_template([{"role": "user", "content": text}]), parse_special=True)
-    combined = learned.CombinedDrafter(NgramDrafter(1, 16), learned.LearnedDrafter(drafter_dir, smollm2))
+    combined = CombinedDrafter(NgramDrafter(1, 16), LearnedDrafter(drafter_dir, smollm2))
     r = Reply.collect(Engine(smollm2, combined, FixedGamma(3)).generate(prompt, GenerationConfig(max_tokens=48)))
     by = [b for b, s in zip(r.drafted_by, r.sources, strict=True) if s == DRAFT]
     assert by and set(by) <= {"ngram", "learned"} and "ngram" in by
@@ -128,14 +131,14 @@ def test_combined_drafter_names_each_source(drafter_dir, smollm2):
 
 def test_registry_and_bare_path_select_the_learned_drafter(drafter_dir, smollm2):
     opts = RuntimeOptions()
-    assert isinstance(build(str(drafter_dir), smollm2, opts), learned.LearnedDrafter)
-    assert isinstance(build(f"learned:{drafter_dir}", smollm2, opts), learned.LearnedDrafter)
-    assert isinstance(build(f"ngram+learned:{drafter_dir}", smollm2, opts), learned.CombinedDrafter)
+    assert isinstance(build(str(drafter_dir), smollm2, opts), LearnedDrafter)
+    assert isinstance(build(f"learned:{drafter_dir}", smollm2, opts), LearnedDrafter)
+    assert isinstance(build(f"ngram+learned:{drafter_dir}", smollm2, opts), CombinedDrafter)
 
 
 def test_drafter_for_another_target_is_refused(drafter_dir, gemma):
     with pytest.raises(EdgeSpecError, match="made for SmolLM2.*not gemma"):
-        learned.LearnedDrafter(drafter_dir, gemma)
+        LearnedDrafter(drafter_dir, gemma)
 
 
 @pytest.mark.parametrize("damage, message", [
@@ -151,12 +154,12 @@ def test_bad_drafter_files_are_one_line_errors(drafter_dir, tmp_path, damage, me
     if damage == "other-target":
         target = "gemma3-270m"
     elif damage == "corrupt-onnx":
-        data = (bad / learned.ONNX_FILE).read_bytes()
-        (bad / learned.ONNX_FILE).write_bytes(data[: len(data) // 3])
+        data = (bad / fmt.ONNX_FILE).read_bytes()
+        (bad / fmt.ONNX_FILE).write_bytes(data[: len(data) // 3])
     elif damage == "no-manifest":
-        (bad / learned.MANIFEST).unlink()
+        (bad / fmt.MANIFEST).unlink()
     elif damage == "bad-manifest":
-        (bad / learned.MANIFEST).write_text("{not json")
+        (bad / fmt.MANIFEST).write_text("{not json")
     res = run_app("--headless", "--target", target, "--draft", f"learned:{bad}", "--prompt", "hi", "--max-tokens", "4",
                   timeout=120)
     assert res.returncode != 0

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     from edgespec.runtime import Model
 
 # The drafters that ship with EdgeSpec; each module registers itself with `register` on import.
-DRAFTER_MODULES = ("edgespec.drafters.ngram", "edgespec.drafters.model", "edgespec.drafters.onnx")
+DRAFTER_MODULES = ("edgespec.drafters.ngram", "edgespec.drafters.model", "edgespec.drafters.onnx",
+                   "edgespec.drafters.combined")
 
 
 @dataclass
