@@ -31,10 +31,10 @@ from pathlib import Path
 
 from benchmarks import llamacpp
 from benchmarks.report import BASELINE, REF_LOOKUP, REF_PLAIN, versus_llamacpp
-from benchmarks.suite import FRAMINGS, Prompt, load_suites, resolve_framing
 from edgespec.errors import EdgeSpecError
 from edgespec.sampling import SamplingParams
-from edgespec.session import Request, parse_gamma
+from edgespec.session import FRAMINGS, Request, parse_gamma
+from edgespec.suites import Prompt, load_suites
 
 
 @dataclass
@@ -50,7 +50,7 @@ class BenchSettings:
     seed: int | None = None
     max_tokens: int = 128
     repeats: int = 3
-    framing: str = "auto"
+    framing: str = "question"  # the session's framing: chat template, else 'Question: ...\nAnswer:'
     reference: bool = True
     lookup_tokens: int = 10
     lookup_ngram: int = 2
@@ -145,10 +145,10 @@ class Runner:
         self.target = self.session.target
         self.refs: dict = {}
         try:
-            self.framing = resolve_framing(self.target, s.framing)
-            # Stop strings the framing adds (qa: the next "Question:"), the same for every prompt;
-            # llama.cpp's program has none.
-            self.frame_stops = frame(self.target, Request(text="?", framing=self.framing, draft="none")).stop
+            # The framing as the session resolves it, and the stop strings it adds (qa: the next
+            # "Question:"), the same for every prompt; llama.cpp's program has none.
+            framed = frame(self.target, Request(text="?", framing=s.framing, draft="none"))
+            self.framing, self.frame_stops = framed.framing, framed.stop
             if s.llama_cpp:
                 binary = llamacpp.find_binary()
                 if binary is None:
@@ -534,8 +534,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--framing", choices=FRAMINGS, default="auto",
-                    help="auto: chat template if the model has one, else 'Question: ...\\nAnswer:' (default)")
+    ap.add_argument("--framing", choices=FRAMINGS, default=BenchSettings.framing,
+                    help="question (default): the chat template if the model has one, else 'Question: ...\\nAnswer:'; "
+                    "the others as in app.py --framing")
     ap.add_argument("--no-reference", action="store_true", help="skip llama-cpp-python's plain and prompt-lookup runs")
     ap.add_argument("--lookup-tokens", type=int, default=10, help="llama-cpp-python prompt lookup num_pred_tokens (default 10)")
     ap.add_argument("--lookup-ngram", type=int, default=2, help="llama-cpp-python prompt lookup max_ngram_size (default 2)")

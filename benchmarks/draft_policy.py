@@ -15,11 +15,11 @@ import argparse
 import statistics
 import sys
 
-from benchmarks.suite import load_suite, resolve_framing, shipped_suites
 from edgespec.drafters import DraftContext, register
 from edgespec.drafters.model import ModelDrafter
 from edgespec.loader import RuntimeOptions, load_model
-from edgespec.session import Request, Session
+from edgespec.session import Request, Session, frame
+from edgespec.suites import load_suite, shipped_suites
 
 P_MIN = 0.75  # llama.cpp's default draft-probability cutoff
 WANTED = ["writing", "qa", "translation", "summarization", "coding", "rag", "math_reasoning", "extraction"]
@@ -49,7 +49,7 @@ def main() -> int:
 
     target_path, draft_path = derive_pair()
     session = Session.load(str(target_path), RuntimeOptions(n_ctx=4096))
-    framing = resolve_framing(session.target, "auto")
+    framing = frame(session.target, Request(text="?", framing="question")).framing
     configs = {  # name: (draft spec, gamma)
         "baseline": ("none", "0"),
         "draft gamma=auto": (f"model:{draft_path}", "auto"),

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.suite import load_suite, resolve_framing, shipped_suites
 from edgespec import runtime
 from edgespec.exactness import explain_divergence
 from edgespec.loader import RuntimeOptions, prepare_runtime
 from edgespec.session import Request, Session, frame
+from edgespec.suites import load_suite, shipped_suites
 
 BARE = "bare llama_cpp loop"
 # Configurations of the session: (draft, gamma) per name; all greedy.
@@ -42,7 +42,7 @@ CONFIGS = {
 
 def request(model: runtime.Model, text: str, draft: str = "none", gamma: str = "0", max_tokens: int = 256) -> Request:
     """Chat template if the model has one, else the bench's Question/Answer frame."""
-    return Request(text=text, framing=resolve_framing(model, "auto"), draft=draft, gamma=gamma, max_tokens=max_tokens)
+    return Request(text=text, framing="question", draft=draft, gamma=gamma, max_tokens=max_tokens)
 
 
 def bare_loop(model: runtime.Model, prompt: list[int], n: int) -> float:

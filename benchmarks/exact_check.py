@@ -14,11 +14,11 @@ import json
 import sys
 from pathlib import Path
 
-from benchmarks.suite import load_suites, resolve_framing
 from edgespec import runtime
 from edgespec.engine import first_divergence
 from edgespec.loader import RuntimeOptions
 from edgespec.session import Request, Session
+from edgespec.suites import load_suites
 
 CATEGORIES = ("writing", "translation", "summarization", "qa", "rag")
 
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.models.split(","):
         session = Session.load(name, opts)
         report["backend"] = runtime.backend_info().to_dict()
-        framing = resolve_framing(session.target, "auto")
+        framing = "question"
 
         def run(draft: str, gamma: str, text: str, session: Session = session, framing: str = framing):
             return session.run(Request(text=text, framing=framing, draft=draft, gamma=gamma,

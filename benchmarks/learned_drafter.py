@@ -92,13 +92,13 @@ def summary_markdown(paths: Sequence[str]) -> str:
 
 def sampled(target: str, draft: str, temperature: float, gamma: int, max_tokens: int, seeds: int,
             categories: Sequence[str], per_category: int) -> str:
-    from benchmarks.suite import load_suites
     from edgespec.loader import RuntimeOptions
     from edgespec.sampling import SamplingParams
     from edgespec.session import Request, Session
+    from edgespec.suites import load_suites
 
     session = Session.load(target, RuntimeOptions())
-    framing = "chat" if session.target.chat_template() else "qa"
+    framing = "question"
     prompts = load_suites(["spec_bench"], list(categories), per_category)
     acc = {"rejection": [0, 0], "match": [0, 0]}
     try:

@@ -27,13 +27,13 @@ import sys
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
-from benchmarks.suite import GROUNDED, grounded_prompts, load_suite, resolve_framing, shipped_suites
 from edgespec.adaptive import AutoGamma, size_class
 from edgespec.costs import CostModel
 from edgespec.drafters.ngram import NgramDrafter
 from edgespec.firstrun import cache_dir
 from edgespec.loader import RuntimeOptions
 from edgespec.session import Request, Session, frame
+from edgespec.suites import GROUNDED, grounded_prompts, load_suite, shipped_suites
 
 OPEN = ("writing", "roleplay", "reasoning", "math", "coding", "stem", "humanities", "qa", "translation")
 J_MAX = 64  # draft positions tabled
@@ -61,7 +61,7 @@ def record(target: str, prompts: Sequence, max_tokens: int) -> list[dict]:
     session = Session.load(target, RuntimeOptions())
     rows = []
     try:
-        framing = resolve_framing(session.target, "auto")
+        framing = "question"
         for i, pr in enumerate(prompts):
             req = Request(text=pr.text, framing=framing, draft="none", max_tokens=max_tokens)
             prompt = frame(session.target, req).tokens

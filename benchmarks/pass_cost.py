@@ -15,10 +15,10 @@ import statistics
 import sys
 from collections import defaultdict
 
-from benchmarks.suite import grounded_prompts, resolve_framing
 from edgespec import costs
 from edgespec.loader import RuntimeOptions
 from edgespec.session import Request, Session
+from edgespec.suites import grounded_prompts
 
 
 def main(argv: list[str]) -> int:
@@ -33,7 +33,7 @@ def main(argv: list[str]) -> int:
     try:
         target = session.target
         prof = costs.profile(target)
-        framing = resolve_framing(target, "auto")
+        framing = "question"
         prompts = grounded_prompts()
         for i, pr in enumerate(prompts):
             for g in args.gammas.split(","):

@@ -32,12 +32,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.suite import load_suites, resolve_framing
 from edgespec import rpc
 from edgespec.args import Parser
 from edgespec.errors import EdgeSpecError, run_command
 from edgespec.loader import RuntimeOptions
 from edgespec.session import Request, Session
+from edgespec.suites import load_suites
 
 MODES = {"plain": ("none", "auto"), "speculative": ("ngram", "auto")}
 PROMPTS = (("code_edit", "code_edit"), ("spec_bench", "writing"))  # (suite, category): first prompt of each
@@ -172,7 +172,7 @@ def run(links: Sequence[Link], repeats: int, max_tokens: int) -> list[dict]:
                 modes = list(MODES) if rep % 2 == 0 else list(reversed(MODES))  # neither always goes first
                 for mode in modes:
                     draft, gamma = MODES[mode]
-                    req = Request(text=pr.text, framing=resolve_framing(session.target, "auto"), draft=draft,
+                    req = Request(text=pr.text, framing="question", draft=draft,
                                   gamma=gamma, max_tokens=max_tokens)
                     # Round trips of the decode steps only: counted from the first step's event on (the
                     # prompt's prefill, whole or reused from the cache, comes before it).

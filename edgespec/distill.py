@@ -81,7 +81,7 @@ class Record:
 # ----------------------------------------------------------------------------- data
 def split_prompts(suites: Sequence[str], holdout: int):
     """(training prompts, held-out prompt ids): the first `holdout` of each category are held out."""
-    from benchmarks.suite import load_suites
+    from edgespec.suites import load_suites
 
     prompts = load_suites(list(suites))
     seen: dict[str, int] = {}
@@ -113,7 +113,7 @@ def collect(model, session, train, cfg: DistillConfig, deadline: float, tick: Ca
 
     rng = np.random.default_rng(cfg.seed)
     order = list(rng.permutation(len(train)))
-    framing = "chat" if model.chat_template() is not None else "qa"
+    framing = "question"  # the session's: the chat template, else 'Question: ...\nAnswer:'
     seqs: list[Record] = []
     n_tok = 0
     docs = [i for i in order if len(train[i].text) > 1200]  # long documents: read as corpus

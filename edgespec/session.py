@@ -47,7 +47,8 @@ MAX_GAMMA = 64  # a step verifies at most this many drafts (one llama.cpp batch 
 #               next "Question:")
 #   raw         the text as is (completion)
 #   auto        chat when the model has a template; else transcript for a conversation, raw for a text
-FRAMINGS = ("auto", "chat", "transcript", "qa", "raw")
+#   question    chat when the model has a template, else qa: one answer to one prompt (the bench, distill)
+FRAMINGS = ("auto", "question", "chat", "transcript", "qa", "raw")
 QA_FRAME = "Question: {prompt}\nAnswer:"
 # A base model goes on to write the next turn itself (Gemma-3-270M loops question and answer to the
 # token limit): each framing ends the reply where its next turn would begin.
@@ -173,6 +174,8 @@ def frame(model: Model, req: Request) -> Framed:
             base = f"{Path(model.path).name} is a base model (no chat template in its GGUF)"
             note = (f"{base}: it continues the text; for one answer to a question use --framing qa"
                     if framing == "raw" else f"{base}: the conversation is fed as a User:/Assistant: transcript")
+    elif framing == "question":
+        framing = "chat" if has_template else "qa"
     messages = req.messages if req.messages is not None else [{"role": "user", "content": req.text or ""}]
     if req.system and framing in ("qa", "raw"):
         raise EdgeSpecError(

@@ -19,11 +19,11 @@ import pytest
 from conftest import ROOT, run_app
 
 from benchmarks.bench import BASELINE, REF_LOOKUP, REF_PLAIN, BenchSettings, aggregate
-from benchmarks.suite import load_suite, load_suites, resolve_framing, shipped_suites
 from edgespec.costs import CostModel, profile_rows
 from edgespec.engine import first_divergence
 from edgespec.errors import EdgeSpecError
-from edgespec.session import QA_FRAME, Request, frame
+from edgespec.session import FRAMINGS, QA_FRAME, Request, frame
+from edgespec.suites import load_suite, load_suites, shipped_suites
 
 CODE = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
 TINY = [
@@ -103,7 +103,7 @@ def test_bad_suite_cli_error_is_one_line(tmp_path):
         ({"gammas": ["fast"]}, "gamma must be a whole number >= 0 or 'auto', got 'fast'"),
         ({"gammas": ["65"]}, "gamma 65 is more than a step can verify"),
         ({"drafts": ["none"]}, "the baseline always runs"),
-        ({"framing": "transcript"}, "--framing must be one of auto, chat, qa, raw"),
+        ({"framing": "poem"}, f"--framing must be one of {', '.join(FRAMINGS)}"),
         ({"repeats": 0}, "--repeats must be >= 1"),
     ],
 )
@@ -113,18 +113,18 @@ def test_bad_settings_fail_before_anything_loads(kw, needle):
     assert needle in str(exc.value)
 
 
-def test_bench_framing_is_resolved_before_the_session(smollm2):
-    """The bench's 'auto' is the chat template when there is one (else qa); what reaches the
-    session is always explicit, and the tokens are the session's framing of it."""
-    assert resolve_framing(smollm2, "auto") == "chat"  # SmolLM2-Instruct has a template
-    assert resolve_framing(smollm2, "qa") == "qa" and resolve_framing(smollm2, "raw") == "raw"
-    with pytest.raises(EdgeSpecError, match="framing must be one of"):
-        resolve_framing(smollm2, "transcript")
+def test_bench_framing_is_the_sessions_question(smollm2, monkeypatch):
+    """The bench asks with the session's 'question' framing by default: the chat template when
+    there is one, else qa (a base model answers one question instead of continuing the text)."""
+    assert BenchSettings(suites=["code_edit"], target="x").framing == "question"
     text = "What is 2 + 2?"
-    qa = frame(smollm2, Request(text=text, framing="qa")).tokens
-    assert qa == smollm2.tokenize(QA_FRAME.format(prompt=text), add_special=True)
+    asked = frame(smollm2, Request(text=text, framing="question"))
     chat = frame(smollm2, Request(text=text, framing="chat")).tokens
-    assert chat != qa and text in smollm2.detokenize(chat)
+    assert asked.framing == "chat" and asked.tokens == chat and text in smollm2.detokenize(chat)
+    monkeypatch.setattr(smollm2, "chat_template", lambda: None)  # as a base model (Gemma-3-270M's GGUF)
+    asked = frame(smollm2, Request(text=text, framing="question"))
+    assert asked.framing == "qa" and asked.stop == ("\nQuestion:",)
+    assert asked.tokens == smollm2.tokenize(QA_FRAME.format(prompt=text), add_special=True) != chat
 
 
 def test_aggregate_is_total_tokens_over_total_seconds():

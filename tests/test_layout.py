@@ -208,13 +208,13 @@ def test_installed_copy_imports_and_finds_its_suites(tmp_path):
     scratch.mkdir()
     build = install_copy(target, scratch)
     assert build.returncode == 0, build.stderr[-3000:]
-    assert not (target / "tests").exists() and (target / "benchmarks" / "suites" / "spec_bench.jsonl").is_file()
+    assert not (target / "tests").exists() and (target / "edgespec" / "suites" / "spec_bench.jsonl").is_file()
     check = """
 import sys
 from pathlib import Path
 site = Path(sys.argv[1]).resolve()
 import benchmarks.bench, edgespec.ui, edgespec.session, models, quant
-from benchmarks.suite import load_suite, shipped_suites
+from edgespec.suites import load_suite, shipped_suites
 for mod in (benchmarks.bench, edgespec.ui, edgespec.session, models, quant):
     assert site in Path(mod.__file__).resolve().parents, (mod.__name__, mod.__file__)
 suites = shipped_suites()

@@ -104,8 +104,8 @@ def test_wheel_declares_command_dependencies_and_extras(wheel):
         entry = z.read(info.replace("METADATA", "entry_points.txt")).decode()
     assert re.search(r"^edgespec = edgespec\.cli:main$", entry, re.M), entry
     for f in ("edgespec/cli.py", "edgespec/firstrun.py", "edgespec/ui/app.py", "edgespec/drafters/ngram.py",
-              "models/catalog.json", "models/bundled.py", "quant/prompts.txt", "benchmarks/suites/spec_bench.jsonl",
-              "benchmarks/suites/code_edit.jsonl"):
+              "models/catalog.json", "models/bundled.py", "quant/prompts.txt", "edgespec/suites/spec_bench.jsonl",
+              "edgespec/suites/code_edit.jsonl"):
         assert f in names, f
     assert not [n for n in names if n.startswith("tests/") or n.endswith((".gguf", ".onnx"))]
     requires = re.findall(r"^Requires-Dist: (.+)$", meta, re.M)

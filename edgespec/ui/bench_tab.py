@@ -1,7 +1,7 @@
 """Bench tab: run a small prompt suite (baseline vs speculative vs llama-cpp-python's prompt
 lookup) and show the report tables and plots. The same code path as `python app.py bench`.
 
-The suites offered are the ones shipped as package data of `benchmarks.suites`. Each browser
+The suites offered are the ones shipped as package data of `edgespec.suites`. Each browser
 session has its own stop flag (from the app's AppContext), so Stop in one browser never ends
 another browser's run."""
 
@@ -18,8 +18,8 @@ import gradio as gr
 
 from benchmarks.bench import BenchSettings, run_bench
 from benchmarks.report import PLOTS
-from benchmarks.suite import shipped_suites
 from edgespec.errors import EdgeSpecError
+from edgespec.suites import shipped_suites
 from models import BUNDLED
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ LABELS = {"spec_bench": "Spec-Bench", "code_edit": "code_edit"}
 
 
 def suite_choices() -> list[tuple[str, str]]:
-    """(label, path) of the suites shipped with the benchmarks."""
+    """(label, path) of the suites shipped with EdgeSpec."""
     return [(LABELS.get(name, name), str(path)) for name, path in shipped_suites().items()]
 
 

@@ -1,4 +1,4 @@
-"""Prompt suites for the benchmark: JSONL files, one prompt per line.
+"""Prompt suites: JSONL files, one prompt per line, read by the bench, `distill` and the UI's bench tab.
 
 Two line formats are accepted:
   ours        {"id": ..., "category": ..., "prompt": "..."}
@@ -6,9 +6,10 @@ Two line formats are accepted:
               used: the benchmark measures single-turn decoding)
 Every problem is reported as one line naming the file and the line number.
 
-The suites that ship with EdgeSpec are package data of `benchmarks.suites`, found with
+The suites that ship with EdgeSpec are package data of this package, found with
 importlib.resources (`shipped_suites`), so they are found from an installed copy as well;
-`--suite NAME` names one of them by its file name without `.jsonl`.
+`--suite NAME` names one of them by its file name without `.jsonl`. How a prompt is fed to a model
+is the session's framing (`edgespec.session.frame`; the bench and distill ask with 'question').
 """
 
 from __future__ import annotations
@@ -20,12 +21,6 @@ from importlib import resources
 from pathlib import Path
 
 from edgespec.errors import EdgeSpecError
-from edgespec.runtime import Model
-
-# The bench's framings. Its 'auto' differs from the session's: a model without a chat template is
-# asked in the 'qa' frame (session.QA_FRAME), so a question is followed by an answer rather than by
-# more text; the bench resolves it (`resolve_framing`) and gives the session an explicit framing.
-FRAMINGS = ("auto", "chat", "qa", "raw")
 
 
 @dataclass(frozen=True)
@@ -68,7 +63,7 @@ def _parse_line(obj: object, where: str) -> Prompt:
 
 def shipped_suites() -> dict[str, Path]:
     """The suites shipped as package data, by name (file name without .jsonl)."""
-    folder = resources.files("benchmarks.suites")
+    folder = resources.files(__name__)
     found = {}
     for entry in folder.iterdir():
         if entry.name.endswith(".jsonl") and entry.is_file():
@@ -138,16 +133,6 @@ def load_suites(
                 kept.append(pr)
         prompts = kept
     return prompts
-
-
-def resolve_framing(model: Model, framing: str) -> str:
-    """The framing the bench gives the session: 'auto' is the model's chat template when it has
-    one, else the Question/Answer frame; 'chat' requires a template; 'qa' and 'raw' as they are."""
-    if framing not in FRAMINGS:
-        raise EdgeSpecError(f"framing must be one of {', '.join(FRAMINGS)}, got {framing!r}")
-    if framing == "auto":
-        return "chat" if model.chat_template() else "qa"
-    return framing
 
 
 GROUNDED = ("summarization", "rag", "extraction", "code_edit")

@@ -1,1 +1,0 @@
-"""Prompt suites shipped with the benchmarks (package data: *.jsonl; see README.md here)."""
