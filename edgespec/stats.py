@@ -4,7 +4,8 @@ reads its properties, none recomputes them."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, fields
 from typing import Protocol
 
 import numpy as np
@@ -27,7 +28,8 @@ class Step(Protocol):
 
 @dataclass
 class Stats:
-    """Counters and timings of one generation; every consumer reads these, none recomputes them."""
+    """Counters and timings of one generation, or of several pooled by `merge`; every consumer
+    reads these and the properties derived from them, none recomputes them."""
 
     prompt_tokens: int = 0
     prompt_reused: int = 0  # prompt tokens whose K/V were already in the cache (prefix reuse)
@@ -59,6 +61,52 @@ class Stats:
     # Seconds of each target pass (llama_decode and nothing else) by its row count, i.e. T(K) as
     # real steps see it, at the real context length: what the cost profile is checked against.
     pass_s: dict[int, list[float]] = field(default_factory=dict)
+    # Per draft depth d (index d-1): drafts at depth d that were tested (proposed, every earlier
+    # draft of the step accepted, before the generation's end) and how many of those were accepted.
+    depth_tested: list[int] = field(default_factory=list)
+    depth_accepted: list[int] = field(default_factory=list)
+
+    @classmethod
+    def merge(cls, stats: Iterable[Stats]) -> Stats:
+        """Several generations pooled: counters, timings and histograms summed, timings per pass
+        joined, so every property is the pooled figure (tokens_per_s = all tokens over all decode
+        seconds, alpha = all accepted over all tested, ...). ttft_s is the mean of those known;
+        target_bytes the largest (one target). merge([s]) is a copy of s."""
+        stats = list(stats)
+        out = cls()
+        for name in _SUMMED:
+            setattr(out, name, sum(getattr(s, name) for s in stats))
+        ttft = [s.ttft_s for s in stats if s.ttft_s is not None]
+        out.ttft_s = sum(ttft) / len(ttft) if ttft else None
+        out.target_bytes = max((s.target_bytes for s in stats), default=0)
+        for s in stats:
+            for k, n in s.gamma_hist.items():
+                out.gamma_hist[k] = out.gamma_hist.get(k, 0) + n
+            for k, n in s.accepted_hist.items():
+                out.accepted_hist[k] = out.accepted_hist.get(k, 0) + n
+            out.plain_pass_s += s.plain_pass_s
+            for k, v in s.pass_s.items():
+                out.pass_s.setdefault(k, []).extend(v)
+            for d, (t, a) in enumerate(zip(s.depth_tested, s.depth_accepted, strict=True)):
+                out._add_depth(d, t, a)
+        return out
+
+    def copy(self) -> Stats:
+        """A copy that shares no list or dict with this one (a snapshot of a generation going on)."""
+        return Stats.merge([self])
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Stats:
+        """The Stats `to_dict` wrote (results files): every counter, timing and histogram; the
+        timings per pass are not in it (to_dict keeps their medians), so they stay empty."""
+        kw = {f.name: d[f.name] for f in fields(cls) if f.name in d and f.name not in ("plain_pass_s", "pass_s")}
+        for name in ("gamma_hist", "accepted_hist"):
+            if name in kw:
+                kw[name] = {int(k): int(n) for k, n in kw[name].items()}
+        for name in ("depth_tested", "depth_accepted"):
+            if name in kw:
+                kw[name] = [int(n) for n in kw[name]]
+        return cls(**kw)
 
     @property
     def decode_s(self) -> float:
@@ -80,6 +128,13 @@ class Stats:
         first rejection of a step are never tested, so this is >= acceptance_rate."""
         tested = self.accepted + self.rejections
         return self.accepted / tested if tested else 0.0
+
+    @property
+    def alpha_by_depth(self) -> list[float | None]:
+        """alpha per draft depth: entry d-1 is accepted / tested of the drafts at depth d (None
+        where none was tested). The paper's alpha assumes these equal; a copy from the context
+        is likelier right once its first tokens were, so its later depths are higher."""
+        return [a / t if t else None for t, a in zip(self.depth_tested, self.depth_accepted, strict=True)]
 
     @property
     def mean_accepted(self) -> float:
@@ -113,6 +168,7 @@ class Stats:
         self.drafted += drafted
         self.accepted += accepted
         self.rejections += rejected
+        self._count_depths(accepted, rejected, 1)
         self.gamma_hist[k] = self.gamma_hist.get(k, 0) + 1  # passes by draft length: what they cost
         if drafted:
             self.accepted_hist[accepted] = self.accepted_hist.get(accepted, 0) + 1
@@ -133,6 +189,8 @@ class Stats:
         self.drafted += now[0] - was[0]
         self.accepted += now[1] - was[1]
         self.rejections += now[2] - was[2]
+        self._count_depths(was[1], was[2], -1)
+        self._count_depths(now[1], now[2], 1)
         if was[0]:
             self.accepted_hist[was[1]] -= 1
             if not self.accepted_hist[was[1]]:
@@ -140,18 +198,40 @@ class Stats:
         if now[0]:
             self.accepted_hist[now[1]] = self.accepted_hist.get(now[1], 0) + 1
 
+    def _count_depths(self, accepted: int, rejected: int, sign: int) -> None:
+        """Count (sign 1) or uncount (-1) one step's drafts by depth: depths 1..accepted were tested
+        and accepted, depth accepted+1 tested and rejected when the step had a rejection."""
+        for d in range(accepted + rejected):
+            self._add_depth(d, sign, sign * (d < accepted))
+        while self.depth_tested and not self.depth_tested[-1]:  # depths no longer tested
+            self.depth_tested.pop()
+            self.depth_accepted.pop()
+
+    def _add_depth(self, d: int, tested: int, accepted: int) -> None:
+        """Add to the counts of depth d+1 (index d), growing the lists as needed."""
+        while len(self.depth_tested) <= d:
+            self.depth_tested.append(0)
+            self.depth_accepted.append(0)
+        self.depth_tested[d] += tested
+        self.depth_accepted[d] += accepted
+
     def to_dict(self) -> dict:
         d = asdict(self)
         del d["plain_pass_s"], d["pass_s"]
         d["pass_s_median"] = {str(k): float(np.median(v)) for k, v in sorted(self.pass_s.items())}
         d["pass_count"] = {str(k): len(v) for k, v in sorted(self.pass_s.items())}
         d.update(produced=self.produced, tokens_per_s=self.tokens_per_s, acceptance_rate=self.acceptance_rate,
-                 alpha=self.alpha,
+                 alpha=self.alpha, alpha_by_depth=self.alpha_by_depth,
                  mean_accepted=self.mean_accepted, tokens_per_call=self.tokens_per_call,
                  bandwidth_gb_s=self.bandwidth_gb_s)
         d["gamma_hist"] = {str(k): v for k, v in sorted(self.gamma_hist.items())}
         d["accepted_hist"] = {str(k): v for k, v in sorted(self.accepted_hist.items())}
         return d
+
+
+# Counters and timings `merge` sums.
+_SUMMED = ("prompt_tokens", "prompt_reused", "prompt_prefilled", "generated", "end_tokens", "target_calls",
+           "drafted", "accepted", "rejections", "prefill_s", "draft_s", "target_s", "verify_s", "wall_s")
 
 
 def _step_counts(k: int, n_acc: int, end: int | None) -> tuple[int, int, int]:

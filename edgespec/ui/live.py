@@ -19,7 +19,6 @@ from dataclasses import dataclass, field, replace
 from edgespec.errors import one_line
 from edgespec.pool import ModelPool
 from edgespec.session import Reply, Request
-from edgespec.stats import Stats
 
 
 @dataclass(frozen=True)
@@ -85,12 +84,9 @@ class Tracker:
 
 def _snapshot(reply: Reply) -> Reply:
     """A copy the UI thread may read while the session goes on folding into the original."""
-    st = reply.stats
-    stats: Stats = replace(st, gamma_hist=dict(st.gamma_hist), accepted_hist=dict(st.accepted_hist),
-                           plain_pass_s=list(st.plain_pass_s), pass_s={k: list(v) for k, v in st.pass_s.items()})
     return replace(reply, tokens=list(reply.tokens), sources=list(reply.sources), pieces=list(reply.pieces),
                    drafted_by=list(reply.drafted_by),
-                   stats=stats, policy=dict(reply.policy))
+                   stats=reply.stats.copy(), policy=dict(reply.policy))
 
 
 def _worker(pool: ModelPool, target: str, req: Request, stop: threading.Event, out: queue.Queue,

@@ -1,0 +1,130 @@
+"""`Stats`: counting steps (alpha by draft depth included), correcting the step a stop string ended
+in, pooling generations with `merge`, and the round trip through `to_dict` / `from_dict`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import pytest
+
+from edgespec.drafters.ngram import NgramDrafter
+from edgespec.engine import Engine, FixedGamma, GenerationConfig
+from edgespec.stats import PLAIN_KEEP, Stats
+
+
+@dataclass
+class Step:
+    """What end_in_step reads of an engine.StepEvent."""
+
+    drafted: int
+    accepted: int
+    produced: int
+    done: bool = False
+
+
+def test_alpha_by_depth_counts_each_tested_draft_at_its_depth():
+    st = Stats()
+    st.record_step(4, 2, 3, False, False)  # d1 d2 accepted, d3 rejected, d4 never tested
+    st.record_step(3, 3, 4, False, False)  # d1 d2 d3 accepted, bonus
+    st.record_step(0, 0, 1, False, False)  # plain step: no depth
+    st.record_step(5, 0, 1, False, False)  # d1 rejected
+    assert st.depth_tested == [3, 2, 2]
+    assert st.depth_accepted == [2, 2, 1]
+    assert st.alpha_by_depth == [pytest.approx(2 / 3), 1.0, 0.5]
+    assert (st.accepted, st.rejections, st.drafted) == (5, 2, 12)
+    assert st.alpha == pytest.approx(5 / 7)  # the depths pooled
+    assert st.to_dict()["alpha_by_depth"] == st.alpha_by_depth
+
+
+def test_alpha_by_depth_stops_at_the_generations_end():
+    st = Stats()
+    # 4 drafts all accepted, but the 2nd token produced was end-of-generation: depths 1-2 only
+    st.record_step(4, 4, 1, True, True)
+    assert (st.depth_tested, st.depth_accepted) == ([1, 1], [1, 1])
+    st = Stats()
+    # 1 of 4 accepted, the correction is the last token allowed: d2 was tested (rejected) before the end
+    st.record_step(4, 1, 2, False, True)
+    assert (st.depth_tested, st.depth_accepted) == ([1, 1], [1, 0])
+    assert st.alpha_by_depth == [1.0, 0.0]
+
+
+def test_end_in_step_recounts_the_depths_of_the_last_step():
+    st = Stats()
+    st.record_step(2, 0, 1, False, False)
+    st.record_step(5, 5, 6, False, False)  # counted in full, then a stop string ends it at token 2
+    assert st.depth_tested == [2, 1, 1, 1, 1]
+    st.end_in_step(Step(drafted=5, accepted=5, produced=6), produced=2, generated=2)
+    assert st.depth_tested == [2, 1]  # depths 3-5 came after the end: no longer tested
+    assert st.depth_accepted == [1, 1]
+    assert (st.drafted, st.accepted, st.rejections) == (4, 2, 1)
+    assert st.accepted_hist == {0: 1, 2: 1}
+
+
+def two_runs() -> tuple[Stats, Stats]:
+    a = Stats(prompt_tokens=10, generated=30, end_tokens=1, target_calls=10, drafted=40, accepted=20, rejections=8,
+              prefill_s=0.5, draft_s=0.1, wall_s=2.5, ttft_s=0.6, target_bytes=1000,
+              gamma_hist={4: 10}, accepted_hist={0: 2, 2: 4, 4: 4}, plain_pass_s=[0.01],
+              pass_s={5: [0.02, 0.03]}, depth_tested=[10, 8, 6, 4], depth_accepted=[8, 6, 4, 2])
+    b = Stats(prompt_tokens=20, generated=10, target_calls=10, drafted=0, prefill_s=0.5, wall_s=1.5,
+              ttft_s=0.8, target_bytes=1000, gamma_hist={0: 10}, plain_pass_s=[0.02, 0.03], pass_s={1: [0.01]})
+    return a, b
+
+
+def test_merge_pools_counters_so_properties_are_the_pooled_figures():
+    a, b = two_runs()
+    m = Stats.merge([a, b])
+    assert (m.prompt_tokens, m.generated, m.target_calls, m.drafted, m.accepted) == (30, 40, 20, 40, 20)
+    assert m.tokens_per_s == pytest.approx(40 / 3.0)  # 40 tokens over 2.0 + 1.0 decode seconds
+    assert m.acceptance_rate == pytest.approx(0.5)
+    assert m.alpha == pytest.approx(20 / 28)
+    assert m.tokens_per_call == pytest.approx(41 / 20)
+    assert m.mean_accepted == pytest.approx(1.0)
+    assert m.ttft_s == pytest.approx(0.7) and m.target_bytes == 1000
+    assert m.gamma_hist == {4: 10, 0: 10} and m.accepted_hist == {0: 2, 2: 4, 4: 4}
+    assert m.plain_pass_s == [0.01, 0.02, 0.03] and m.pass_s == {5: [0.02, 0.03], 1: [0.01]}
+    assert m.alpha_by_depth == [0.8, 0.75, pytest.approx(2 / 3), 0.5]
+    # depth lists of different lengths add up position by position
+    c = Stats(depth_tested=[2, 2], depth_accepted=[2, 1])
+    assert Stats.merge([a, c]).depth_tested == [12, 10, 6, 4]
+    assert Stats.merge([c, a]).depth_accepted == [10, 7, 4, 2]
+    assert Stats.merge([]) == Stats()
+
+
+def test_merge_of_one_is_a_copy_that_shares_nothing():
+    a, _ = two_runs()
+    c = a.copy()
+    assert c == a
+    c.gamma_hist[4] += 1
+    c.pass_s[5].append(1.0)
+    c.plain_pass_s.append(1.0)
+    c.depth_tested[0] += 1
+    assert a == two_runs()[0]
+
+
+def test_to_dict_and_back_keeps_every_counter():
+    a, _ = two_runs()
+    back = Stats.from_dict(a.to_dict())
+    assert back == replace(a, plain_pass_s=[], pass_s={})  # to_dict keeps only their medians
+    assert back.tokens_per_s == a.tokens_per_s and back.alpha_by_depth == a.alpha_by_depth
+
+
+def test_record_plain_pass_keeps_the_last_ones():
+    st = Stats()
+    for i in range(PLAIN_KEEP + 5):
+        st.record_plain_pass(float(i))
+    assert len(st.plain_pass_s) == PLAIN_KEEP and st.plain_pass_s[0] == 5.0
+
+
+def test_depth_counts_agree_with_the_engines_other_counters(smollm2):
+    """On a real generation: depth 1 is tested once per step that drafted and accepted once per step
+    that kept a draft (accepted_hist), and the depths add up to accepted and accepted + rejections."""
+    text = "one two three four five six seven eight nine ten. " * 4 + "Repeat: one two three"
+    prompt = smollm2.tokenize(text)
+    events = list(Engine(smollm2, NgramDrafter(1, 4), FixedGamma(6)).generate(prompt, GenerationConfig(max_tokens=48)))
+    st = events[-1].stats
+    assert st.accepted > 0 and st.rejections > 0
+    assert st.depth_tested[0] == sum(st.accepted_hist.values()) == sum(e.drafted > 0 for e in events)
+    assert st.depth_accepted[0] == sum(n for a, n in st.accepted_hist.items() if a >= 1)
+    assert sum(st.depth_accepted) == st.accepted
+    assert sum(st.depth_tested) == st.accepted + st.rejections
+    assert len(st.depth_tested) <= 6
