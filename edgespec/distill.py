@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgespec import corpus
 from edgespec import learned_format as fmt
 from edgespec.drafters.onnx import open_session
 from edgespec.errors import EdgeSpecError, one_line
@@ -51,6 +52,8 @@ class DistillConfig:
     max_new_tokens: int = 96
     max_doc_tokens: int = 768
     collect_share: float = 0.45  # of the budget; training gets the rest minus export
+    corpus: str | None = None  # offline text to read besides the suites ('python' or a path; edgespec.corpus)
+    corpus_share: float = 0.5  # of the collection time, for reading the corpus
     seed: int = 0
     n_ctx: int = 2048
     threads: int | None = None
@@ -74,8 +77,9 @@ class Record:
     tokens: np.ndarray  # [L] int32
     hidden: np.ndarray  # [L, n_embd] float16: final hidden state at each position
     argmax: np.ndarray  # [L] int32: the target's greedy next token at each position
-    kind: str  # 'corpus' | 'generated'
+    kind: str  # 'corpus' (a suite's document) | 'offline' (--corpus) | 'generated' (the target's answer)
     qid: str
+    seconds: float = 0.0  # what producing and reading it took
 
 
 # ----------------------------------------------------------------------------- data
@@ -118,16 +122,34 @@ def collect(model, session, train, cfg: DistillConfig, deadline: float, tick: Ca
     n_tok = 0
     docs = [i for i in order if len(train[i].text) > 1200]  # long documents: read as corpus
     asks = [i for i in order if len(train[i].text) <= 1200]  # questions: the target answers
+    # --corpus: offline text (edgespec.corpus) read in its share of the collection time; the suite's
+    # documents and questions alternate in the rest.
+    extra = corpus.stream(cfg.corpus, cfg.seed) if cfg.corpus else None
+    began, reading = time.monotonic(), 0.0
     turn = 0
-    while time.monotonic() < deadline and (docs or asks):
-        take_doc = docs and (turn % 3 == 0 or not asks)
-        turn += 1
-        if take_doc:
+    while time.monotonic() < deadline and (docs or asks or extra is not None):
+        t_item = time.monotonic()
+        offline = False
+        if extra is not None and (reading <= cfg.corpus_share * (t_item - began) or not (docs or asks)):
+            item = next(extra, None)
+            if item is None:
+                extra = None
+                continue
+            qid, text = item
+            toks = model.tokenize(text, add_special=True)
+            start = int(rng.integers(0, len(toks) - cfg.max_doc_tokens + 1)) if len(toks) > cfg.max_doc_tokens else 0
+            toks = toks[start : start + cfg.max_doc_tokens]  # a window: not always the licence header
+            kind, offline = "offline", True
+        elif docs and (turn % 3 == 0 or not asks):
+            turn += 1
             pr = train[docs.pop()]
+            qid = pr.id
             toks = model.tokenize(pr.text, add_special=True)[: cfg.max_doc_tokens]
             kind = "corpus"
         else:
+            turn += 1
             pr = train[asks.pop()]
+            qid = pr.id
             req = Request(text=pr.text, framing=framing, draft="ngram", max_tokens=cfg.max_new_tokens,
                           sampling=SamplingParams(0.0))
             from edgespec.session import frame
@@ -141,12 +163,28 @@ def collect(model, session, train, cfg: DistillConfig, deadline: float, tick: Ca
         if len(toks) < 4 or len(toks) >= model.n_ctx:
             continue
         hid, arg = read_with_hidden(model, toks)
-        seqs.append(Record(np.asarray(toks, dtype=np.int32), hid, arg, kind, pr.id))
+        if offline:
+            reading += time.monotonic() - t_item
+        seqs.append(Record(np.asarray(toks, dtype=np.int32), hid, arg, kind, qid, time.monotonic() - t_item))
         n_tok += len(toks)
         tick(kind, n_tok)
     if not seqs:
         raise EdgeSpecError("the budget ran out before any training data was collected; raise --budget-minutes")
     return seqs
+
+
+def collection_rates(seqs: Sequence[Record]) -> dict[str, dict]:
+    """Tokens, seconds and tokens/s of the collected text by kind: what each source really gave."""
+    out: dict[str, dict] = {}
+    for s in seqs:
+        row = out.setdefault(s.kind, {"texts": 0, "tokens": 0, "seconds": 0.0})
+        row["texts"] += 1
+        row["tokens"] += len(s.tokens)
+        row["seconds"] += s.seconds
+    for row in out.values():
+        row["seconds"] = round(row["seconds"], 1)
+        row["tokens_per_s"] = round(row["tokens"] / row["seconds"], 1) if row["seconds"] else None
+    return out
 
 
 def choose_subset(seqs: Sequence[Record], n_vocab: int, size: int, always: Sequence[int],
@@ -557,6 +595,8 @@ def run(cfg: DistillConfig, log: Callable[[str], None] = print) -> Path:
                 "held_out_ids": held_ids,
                 "corpus_ids": sorted({s.qid for s in fit if s.kind == "corpus"}),
                 "generated_ids": sorted({s.qid for s in fit if s.kind == "generated"}),
+                "offline_corpus": cfg.corpus,
+                "collection": collection_rates(seqs),
                 "tokens": int(sum(len(s.tokens) for s in fit)),
                 "examples": int(len(data.h)),
                 "steps": trainer.steps,
@@ -589,6 +629,10 @@ def summary(manifest: fmt.Manifest) -> str:
     """The run's figures in words; a figure the held-out data could not give is said so, not None."""
     tr, h = manifest.training, manifest.heldout
     parts = [f"{tr['tokens']} training tokens, {tr['steps']} steps, {tr['seconds']:.0f} s"]
+    rates = [f"{kind} {row['tokens_per_s']} tok/s" for kind, row in sorted(tr.get("collection", {}).items())
+             if row.get("tokens_per_s")]
+    if rates:
+        parts.append("collected at " + ", ".join(rates))
     if h.top1_agreement is None:
         parts.append("too little text to hold any out for evaluation (raise --budget-minutes)")
     else:
@@ -615,6 +659,9 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                     help=f"first N prompts of each category are never trained on (default {d['holdout']})")
     ap.add_argument("--vocab", type=int, default=d["vocab"], help=f"output vocabulary subset size (FR-Spec; default {d['vocab']})")
     ap.add_argument("--hidden", type=int, default=d["hidden"], help=f"MLP width (default {d['hidden']})")
+    ap.add_argument("--corpus", default=d["corpus"],
+                    help="also read offline text: 'python' (the installed Python sources) or a file/folder; "
+                         "reading is batched, so it can give more tokens per minute than generating")
     ap.add_argument("--max-new-tokens", type=int, default=d["max_new_tokens"],
                     help=f"length of each self-generated answer (default {d['max_new_tokens']})")
     ap.add_argument("--seed", type=int, default=d["seed"])
@@ -637,7 +684,7 @@ def run_args(args: argparse.Namespace) -> int:
 
     def go() -> int:
         cfg = DistillConfig(target=args.target, out=args.out, suites=args.suite or [DEFAULT_SUITE],
-                            budget_minutes=args.budget_minutes, holdout=args.holdout, vocab=args.vocab,
+                            budget_minutes=args.budget_minutes, holdout=args.holdout, corpus=args.corpus, vocab=args.vocab,
                             hidden=args.hidden, max_new_tokens=args.max_new_tokens, seed=args.seed,
                             n_ctx=args.ctx, threads=args.threads, lr=args.lr)
         try:
