@@ -1,6 +1,7 @@
-"""The project's layout rules (docs: /work/shared/ARCHITECTURE.md, "The layers as the product grows"):
-no import cycles, library code never reads the repository's layout, the engine never probes with
-getattr, and an installed copy works without the repository (packages and package data)."""
+"""The project's layout rules (README "Layout"): no import cycles, no import from a lower layer to a
+higher one (imports inside functions and classes included), library code never reads the
+repository's layout, the engine never probes with getattr, and an installed copy works without the
+repository (packages and package data)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,23 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("edgespec", "models", "quant", "benchmarks")  # the import graph's nodes
 LIBRARY = ("edgespec", "models", "quant")  # code that must not know where the repository is
 LAYOUT_STRINGS = (".venv", "../shared", "shared/data", "PROJECT_ROOT")
+# README "Layout": the layers, top to bottom. A module may import from its own layer and the ones
+# below it. A name stands for the module and everything under it; the longest name that fits wins.
+LAYERS = {
+    "consumers": ("edgespec.cli", "edgespec.args", "edgespec.ui", "edgespec.server", "edgespec.distill",
+                  "edgespec.corpus", "edgespec.rpc_server", "edgespec.buildcheck", "benchmarks", "quant"),
+    "session": ("edgespec.session", "edgespec.pool", "edgespec.suites", "edgespec.exactness"),
+    "engine": ("edgespec.engine", "edgespec.adaptive", "edgespec.stats"),
+    "drafters": ("edgespec.drafters", "edgespec.learned_format", "edgespec.gguf_tensors"),
+    "loading": ("edgespec.costs", "edgespec.theory", "edgespec.loader", "models", "edgespec.sampling",
+                "edgespec.pairing"),
+    "runtime": ("edgespec.runtime", "edgespec.backend", "edgespec.rpc", "edgespec.chat_template",
+                "edgespec.firstrun", "edgespec.errors"),
+}
+PACKAGE_ROOTS = {"edgespec": "runtime"}  # the package's own __init__ only, not what is under it
+# Outside benchmarks/, only these consumers import it, and only to run the bench (prompt suites are
+# library data: edgespec.suites).
+BENCH_RUNNER_USERS = {"edgespec.cli": {"benchmarks.bench"}, "edgespec.ui.bench_tab": {"benchmarks.bench", "benchmarks.report"}}
 
 
 # ------------------------------------------------------------------------------------- import graph
@@ -44,11 +62,12 @@ def _type_checking_only(tree: ast.Module) -> set[int]:
     return skip
 
 
-def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+def imports_of(name: str, path: Path, modules: dict[str, Path], typing: bool = False) -> set[str]:
     """Project modules that `name` imports anywhere in its file (module level, in functions and
-    classes). `from X import Y` counts as importing X.Y when that is a module, else X."""
+    classes; under `if TYPE_CHECKING:` too when `typing`). `from X import Y` counts as importing X.Y
+    when that is a module, else X."""
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-    skip = _type_checking_only(tree)
+    skip = set() if typing else _type_checking_only(tree)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out: set[str] = set()
     for node in ast.walk(tree):
@@ -74,9 +93,32 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     return out
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(typing: bool = False) -> dict[str, set[str]]:
     modules = project_modules()
-    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+    return {name: imports_of(name, path, modules, typing) for name, path in modules.items()}
+
+
+def layer_of(module: str) -> str | None:
+    """The README layer `module` belongs to, None when no layer names it."""
+    if module in PACKAGE_ROOTS:
+        return PACKAGE_ROOTS[module]
+    best, best_len = None, -1
+    for layer, names in LAYERS.items():
+        for n in names:
+            if (module == n or module.startswith(n + ".")) and len(n) > best_len:
+                best, best_len = layer, len(n)
+    return best
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import from a lower layer to a higher one, as 'a (layer) -> b (layer)'."""
+    rank = {layer: i for i, layer in enumerate(reversed(LAYERS))}  # 0 = the bottom
+    out = []
+    for mod in sorted(graph):
+        for dep in sorted(graph[mod]):
+            if rank[layer_of(dep)] > rank[layer_of(mod)]:
+                out.append(f"{mod} ({layer_of(mod)}) -> {dep} ({layer_of(dep)})")
+    return out
 
 
 def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -157,6 +199,44 @@ def test_cycle_finder_finds_a_cycle_and_resolves_imports(tmp_path):
 def test_no_import_cycles():
     cycles = find_cycles(import_graph())
     assert not cycles, f"import cycles: {describe(cycles)}"
+
+
+def test_every_module_has_a_layer():
+    unplaced = [m for m in project_modules() if layer_of(m) is None]
+    assert not unplaced, f"modules in no layer (add them to LAYERS and to README's table): {unplaced}"
+
+
+def test_layer_check_sees_an_import_inside_a_function(tmp_path):
+    """A lower-layer module that imports a higher one only inside a function (or a method, or
+    under TYPE_CHECKING) is caught; the same import the other way round is fine."""
+    src = tmp_path / "low.py"
+    src.write_text("import os\n\n\nclass A:\n    def f(self):\n        from edgespec.session import Session\n"
+                   "        return Session\n\n\ndef g():\n    import edgespec.pool\n")
+    modules = {**project_modules(), "edgespec.low": src}
+    found = imports_of("edgespec.low", src, modules)
+    assert found == {"edgespec.session", "edgespec.pool"}
+    LAYERS["runtime"] += ("edgespec.low",)
+    try:
+        assert upward_imports({"edgespec.low": found, "edgespec.session": {"edgespec.low"}}) == [
+            "edgespec.low (runtime) -> edgespec.pool (session)", "edgespec.low (runtime) -> edgespec.session (session)"]
+    finally:
+        LAYERS["runtime"] = LAYERS["runtime"][:-1]
+    assert layer_of("edgespec.drafters.onnx") == "drafters" and layer_of("edgespec.ui.render") == "consumers"
+    assert layer_of("edgespec") == "runtime" and layer_of("edgespec.new_module") is None
+
+
+def test_outside_the_benchmarks_only_the_bench_runner_is_imported_from_them():
+    graph = import_graph(typing=True)
+    reach = [f"{m} -> {d}" for m in sorted(graph) if not m.startswith("benchmarks") for d in sorted(graph[m])
+             if d.partition(".")[0] == "benchmarks" and d not in BENCH_RUNNER_USERS.get(m, ())]
+    assert not reach, "imports of the benchmarks package beyond the bench runner:\n" + "\n".join(reach)
+
+
+def test_no_import_from_a_lower_layer_to_a_higher_one():
+    """README's layering, checked on every import: module level, in functions and classes, and
+    under TYPE_CHECKING (a type a lower layer names is a dependency on the layer that defines it)."""
+    upward = upward_imports(import_graph(typing=True))
+    assert not upward, "imports from a lower layer to a higher one:\n" + "\n".join(upward)
 
 
 # ------------------------------------------------------------------------------------- library rules
