@@ -15,7 +15,6 @@ The same numbers are what gamma auto uses to decline a drafter.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Sequence
@@ -96,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         lines = [f"# What speculation can reach here: {args.target}", "",
                  f"T(1) = {1000 * costs.seconds(1):.1f} ms (stored profile).", ""]
         lines += ratio_table(costs, rows)
-        lines += ["", f"Best draft length and speedup by draft cost c and acceptance alpha (one alpha at every depth):", ""]
+        lines += ["", "Best draft length and speedup by draft cost c and acceptance alpha (one alpha at every depth):", ""]
         lines += grid(costs, args.goal)
         if args.bench:
             with open(args.bench) as f:

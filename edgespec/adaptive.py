@@ -12,7 +12,7 @@ text every time. gamma = 0 (plain decoding) is chosen whenever no gamma is predi
 so a change in the text (e.g. the model starts copying its input) is noticed.
 
 For n-gram drafts, acceptance is not one alpha but one per draft position (token j given 1..j-1
-accepted; `theory.expected_tokens_chain`), read by the size the match has grown to (MATCH_PRIOR).
+accepted; `costs.expected_tokens`), read by the size the match has grown to (MATCH_PRIOR).
 Drafts run as long as the cost profile goes (`costs.GAMMA_MAX`), at row counts it measured.
 """
 

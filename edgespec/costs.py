@@ -3,8 +3,11 @@ and the speedup those predict. gamma auto plans with it, the live UI panel and t
 read it; nothing else measures or extrapolates T(K).
 
     T(K)   seconds of one target pass over K rows (T(K)/T(1) is the verification cost)
-    c      seconds to draft one token / T(1)
-    S      (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + T(gamma+1)/T(1)))   (theory.walltime_speedup)
+    c      seconds to draft one token / T(1) (`CostModel.c`: the drafter's own `draft_cost_s`)
+    E      tokens per target call: (1 - alpha^(gamma+1)) / (1 - alpha)   (`expected_tokens`, Eq. 1 of
+           Leviathan et al. 2023)
+    S      E / (gamma c + T(gamma+1)/T(1))   (`CostModel.speedup`; Theorem 3.8 with the verification
+           cost made explicit: the paper's idealised T(gamma+1) = T(1) is `CostModel.flat`)
 
 T(K) comes from a stored profile, measured the first time a model runs with a given set-up and
 kept under ~/.cache/edgespec/profiles. A profile measured afresh in every process would differ a
@@ -36,7 +39,6 @@ import numpy as np
 
 from edgespec import runtime
 from edgespec.runtime import Model
-from edgespec.theory import expected_tokens, expected_tokens_chain, walltime_speedup
 
 K_MAX = 17  # rows profiled one by one: a draft of up to 16 tokens plus the last committed token
 # Longer passes, profiled at these row counts only (linear in between): a copy that keeps being
@@ -61,6 +63,22 @@ PROBE_TEXT = (
     "a greeting. In the winter the storms came from the north-west and the spray reached the gallery "
     "windows, leaving salt crusted on the glass that took him a whole morning to scrub away."
 )
+
+
+def expected_tokens(alpha: float | Sequence[float], gamma: int) -> float:
+    """Tokens per target call when `gamma` tokens are drafted: (1 - alpha^(gamma+1)) / (1 - alpha)
+    at acceptance alpha (Eq. 1), or, given per-position acceptances (draft token j accepted with
+    probability alpha[j-1] once tokens 1..j-1 were: a copy whose later tokens are likelier right),
+    1 + sum_j prod_{i<=j} alpha[i-1], which is Eq. 1 when every alpha[j] is the same."""
+    if isinstance(alpha, (int, float)):
+        if alpha >= 1.0:
+            return float(gamma + 1)
+        return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+    total, p = 1.0, 1.0
+    for a in alpha[:gamma]:
+        p *= a
+        total += p
+    return total
 
 
 def profile_dir() -> Path:
@@ -300,6 +318,12 @@ class CostModel:
         self.target_file: str | None = None  # the weights file's name (for_target): gamma auto's prior
 
     @classmethod
+    def flat(cls, c: float = 0.0, gamma_max: int = K_MAX - 1) -> CostModel:
+        """The paper's idealised machine: a pass over any number of rows costs what one row does
+        (T(K) = T(1), a GPU-like verification), drafting c per token."""
+        return cls({1: 1.0, 2: 1.0}, c, gamma_max=gamma_max)
+
+    @classmethod
     def for_target(cls, target: Model, draft_cost_s: float = 0.0, gamma_max: int = GAMMA_MAX,
                    progress: Callable[[float], None] | None = None) -> CostModel:
         """From the stored profile of `target`; draft_cost_s = seconds to draft one token;
@@ -332,13 +356,15 @@ class CostModel:
 
     def speedup(self, alpha: float | Sequence[float], gamma: int, c: float | None = None) -> float:
         """Predicted speedup over plain decoding of drafting `gamma` tokens at acceptance alpha, or
-        at per-position acceptances alpha[j-1] (token j given 1..j-1 accepted; theory.expected_tokens_chain)."""
+        at per-position acceptances alpha[j-1] (token j given 1..j-1 accepted; `expected_tokens`):
+        E / (gamma c + T(gamma+1)/T(1)), c the model's unless given."""
         if gamma <= 0:
             return 1.0
-        c = self.c if c is None else c
-        if isinstance(alpha, (int, float)):
-            return walltime_speedup(alpha, gamma, c, self.t_ratio(gamma + 1))
-        return expected_tokens_chain(alpha, gamma) / (gamma * c + self.t_ratio(gamma + 1))
+        return expected_tokens(alpha, gamma) / self.step_cost(gamma, c)
+
+    def step_cost(self, gamma: int, c: float | None = None) -> float:
+        """What a step that drafts `gamma` tokens costs, in single-token passes: gamma c + T(gamma+1)/T(1)."""
+        return gamma * (self.c if c is None else c) + self.t_ratio(gamma + 1)
 
     def best_gamma(self, alpha: float | Sequence[float], gamma_max: int | None = None,
                    c: float | None = None, *, drafting: bool = False) -> tuple[int, float]:
@@ -358,17 +384,15 @@ class CostModel:
                 best, best_s = g, s
         return best, best_s
 
-    def predicted_for(self, gamma_hist: dict[int, int], alpha: float, draft_s: float, drafted: int) -> float:
-        """What the paper's formula predicts for a run's draft lengths: each step that drafted k
-        tokens yields E(alpha, k) tokens and costs k c + T(k+1)/T(1) single-token passes, so
-        S = sum n_k E(alpha, k) / sum n_k (k c + T(k+1)/T(1)); c here is the run's measured
-        drafting time per token over T(1)."""
+    def predicted_for(self, gamma_hist: dict[int, int], alpha: float) -> float:
+        """What the formula predicts for a run's draft lengths (`Stats.gamma_hist`, steps by draft
+        length) at its measured alpha: each step that drafted k tokens yields E(alpha, k) tokens and
+        costs `step_cost(k)` single-token passes, so S = sum n_k E(alpha, k) / sum n_k step_cost(k).
+        c is the model's (the one gamma auto planned with), not the run's drafting time."""
         if not gamma_hist:
             return 1.0
-        c = draft_s / drafted / self.seconds(1) if drafted else self.c
         tokens = sum(n * expected_tokens(alpha, k) for k, n in gamma_hist.items())
-        cost = sum(n * (k * c + self.t_ratio(k + 1)) for k, n in gamma_hist.items())
-        return tokens / cost
+        return tokens / sum(n * self.step_cost(k) for k, n in gamma_hist.items())
 
     def measured_speedup(self, tokens: int, calls: int, seconds: float, t1: float | None = None) -> float:
         """Speedup that happened: tokens/s over the plain rate 1/T(1). T(1) is what a plain step

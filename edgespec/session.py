@@ -30,7 +30,7 @@ import numpy as np
 from edgespec import drafters as registry
 from edgespec import runtime
 from edgespec.adaptive import AutoGamma
-from edgespec.costs import CostModel
+from edgespec.costs import GAMMA_MAX, CostModel
 from edgespec.drafters import Drafter
 from edgespec.engine import Engine, FixedGamma, GammaPolicy, GenerationConfig, StepEvent
 from edgespec.errors import EdgeSpecError
@@ -39,7 +39,6 @@ from edgespec.runtime import Model
 from edgespec.sampling import SamplingParams
 from edgespec.stats import Stats
 
-MAX_GAMMA = 64  # a step verifies at most this many drafts (one llama.cpp batch holds 512 rows)
 # How a prompt becomes tokens (`frame`):
 #   chat        the model's own chat template from its GGUF metadata
 #   transcript  "User: ... / Assistant: ..." lines, for base models asked to chat (stops at the next "User:")
@@ -57,7 +56,7 @@ QA_STOP = "\nQuestion:"
 
 
 def parse_gamma(value: str | int) -> GammaPolicy:
-    """'auto' -> AutoGamma; a whole number 0..MAX_GAMMA -> FixedGamma."""
+    """'auto' -> AutoGamma; a whole number 0..GAMMA_MAX -> FixedGamma."""
     text = str(value).strip().lower()
     if text == "auto":
         return AutoGamma()
@@ -65,8 +64,8 @@ def parse_gamma(value: str | int) -> GammaPolicy:
         g = int(text)
     except ValueError:
         raise EdgeSpecError(f"gamma must be a whole number >= 0 or 'auto', got {value!r}") from None
-    if g > MAX_GAMMA:
-        raise EdgeSpecError(f"gamma {g} is more than a step can verify (at most {MAX_GAMMA}); try auto")
+    if g > GAMMA_MAX:
+        raise EdgeSpecError(f"gamma {g} is more than a step can verify (at most {GAMMA_MAX}); try auto")
     return FixedGamma(g)
 
 
@@ -313,7 +312,7 @@ class Reply:
         """What the paper's formula predicts for this run's draft lengths at its measured alpha."""
         if self.costs is None or not self.stats.target_calls:
             return None
-        return self.costs.predicted_for(self.stats.gamma_hist, self.stats.alpha, self.stats.draft_s, self.stats.drafted)
+        return self.costs.predicted_for(self.stats.gamma_hist, self.stats.alpha)
 
     @property
     def measured_speedup(self) -> float | None:

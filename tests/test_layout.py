@@ -26,7 +26,7 @@ LAYERS = {
     "session": ("edgespec.session", "edgespec.pool", "edgespec.suites", "edgespec.exactness"),
     "engine": ("edgespec.engine", "edgespec.adaptive", "edgespec.stats"),
     "drafters": ("edgespec.drafters", "edgespec.learned_format", "edgespec.gguf_tensors"),
-    "loading": ("edgespec.costs", "edgespec.theory", "edgespec.loader", "models", "edgespec.sampling",
+    "loading": ("edgespec.costs", "edgespec.loader", "models", "edgespec.sampling",
                 "edgespec.pairing"),
     "runtime": ("edgespec.runtime", "edgespec.backend", "edgespec.rpc", "edgespec.chat_template",
                 "edgespec.firstrun", "edgespec.errors"),

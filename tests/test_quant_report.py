@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from edgespec.runtime import Model
-from edgespec.theory import acceptance
 from quant import mx
 from quant.convert import convert, open_gguf, tensor_float
 from quant.report import (
@@ -45,10 +44,6 @@ def test_distribution_stats_by_hand() -> None:
     assert st.positions == 2
     assert st.kl == pytest.approx(kl2 / 2, rel=1e-6)
     assert st.alpha == pytest.approx((1.0 + 0.7) / 2, rel=1e-6)
-    assert st.alpha == pytest.approx(
-        (acceptance(np.array([0.5, 0.5]), np.array([0.5, 0.5])) + acceptance(np.array([0.8, 0.2]), np.array([0.5, 0.5]))) / 2,
-        rel=1e-6,
-    )
     assert st.top1 == 1.0  # argmax of (0.5, 0.5) is token 0, as for (0.8, 0.2)
 
 

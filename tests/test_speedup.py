@@ -1,0 +1,75 @@
+"""The one cost model's formulas (`edgespec.costs`): the paper's worked examples through
+`CostModel.speedup`, the draft length `CostModel.best_gamma` chooses against hand-computed
+optima, and a simulation that agrees with Eq. 1."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgespec.costs import CostModel, expected_tokens
+
+
+def test_worked_examples_of_the_paper():
+    """Leviathan et al. 2023, T(K) = T(1): alpha 0.75, gamma 7, c 0.02 gives 3.60 tokens per target
+    call and a 3.16x speedup; alpha 0.82, gamma 7, c 0.11 gives 2.50x."""
+    assert expected_tokens(0.75, 7) == pytest.approx(3.60, abs=0.005)
+    assert CostModel.flat(0.02).speedup(0.75, 7) == pytest.approx(3.16, abs=0.005)
+    assert CostModel.flat(0.11).speedup(0.82, 7) == pytest.approx(2.50, abs=0.005)
+    assert CostModel.flat(0.11).speedup(0.82, 7, c=0.02) == pytest.approx(4.420 / 1.14, abs=0.005)  # c given wins
+
+
+def test_expected_tokens_limits_and_per_position_acceptance():
+    assert expected_tokens(1.0, 5) == 6
+    assert expected_tokens(0.0, 5) == 1
+    assert expected_tokens(0.5, 2) == 1.75
+    assert expected_tokens([1.0, 1.0, 0.5], 3) == 3.5  # 1 + 1 + 1 + 0.5
+    assert expected_tokens([0.5, 0.5, 0.5], 2) == 1.75  # only the first gamma positions count
+
+
+def test_best_gamma_declines_when_drafting_does_not_pay():
+    # Corollary 3.9: with one draft, speculation helps only when alpha > c: (1 + alpha) / (1 + c)
+    assert CostModel.flat(0.3).best_gamma(0.2) == (0, 1.0)
+    assert CostModel.flat(0.3).best_gamma(0.5) == (1, pytest.approx(15 / 13))  # gamma 2: 1.75 / 1.6
+    # compute-bound verification, T(K) = K T(1): alpha 0.5 never pays (gamma 1: 1.5 / 2)
+    assert CostModel({1: 1.0, 2: 2.0}).best_gamma(0.5) == (0, 1.0)
+    assert CostModel({1: 1.0, 2: 2.0}).best_gamma(0.5, drafting=True) == (1, 0.75)
+
+
+def test_best_gamma_finds_the_optimum_of_a_rising_cost():
+    """T(K) = T(1) (1 + 0.1 (K - 1)), alpha 0.9, free drafting: S(g) = (1 - 0.9^(g+1)) / 0.1 / (1 + 0.1 g)
+    peaks at g = 10 (3.4309) between S(9) = 3.4280 and S(11) = 3.4170."""
+    cm = CostModel({1: 1.0, 17: 2.6})
+    assert cm.best_gamma(0.9) == (10, pytest.approx(3.43095, abs=1e-5))
+    assert cm.best_gamma(0.9, gamma_max=9) == (9, pytest.approx(3.42801, abs=1e-5))
+
+
+def test_best_gamma_at_perfect_acceptance_drafts_as_long_as_allowed():
+    assert CostModel.flat().best_gamma(1.0) == (16, 17.0)
+    assert CostModel.flat().best_gamma(1.0, gamma_max=3) == (3, 4.0)
+    # exact mode: a pass holds at most max_rows rows proven batch-invariant
+    assert CostModel({1: 1.0, 2: 1.0}, max_rows=5).best_gamma(1.0) == (4, 5.0)
+
+
+def test_step_cost_and_predicted_for_a_run():
+    cm = CostModel({1: 0.01, 2: 0.012, 4: 0.016}, c=0.1, gamma_max=8)
+    assert cm.step_cost(3) == pytest.approx(0.3 + 1.6)
+    assert cm.step_cost(0) == 1.0
+    # 5 plain steps and 10 steps of 3 drafts at alpha 0.5: (5 + 10 * 1.875) tokens for (5 + 10 * 1.9) passes
+    assert cm.predicted_for({0: 5, 3: 10}, 0.5) == pytest.approx(23.75 / 24)
+    assert cm.predicted_for({}, 0.5) == 1.0
+
+
+def test_verification_ceiling_is_k_t1_over_tk():
+    """What `bench --verify-cost` reports: every draft accepted and free, K rows give K tokens."""
+    cm = CostModel({1: 0.010, 2: 0.011, 3: 0.013, 4: 0.020}, gamma_max=3)
+    assert [cm.speedup(1.0, k - 1, c=0.0) for k in (1, 2, 3, 4)] == pytest.approx([1.0, 2 / 1.1, 3 / 1.3, 2.0])
+
+
+@pytest.mark.parametrize("alpha,gamma", [(0.3, 2), (0.75, 7), (0.9, 12)])
+def test_simulation_matches_eq1(alpha, gamma):
+    """Monte Carlo: each draft accepted independently with probability alpha until the first
+    rejection; every step also yields one token of the target's."""
+    accepted = np.random.default_rng(1).random((200_000, gamma)) < alpha
+    first_reject = np.where(accepted.all(axis=1), gamma, np.argmin(accepted, axis=1))
+    assert float((first_reject + 1).mean()) == pytest.approx(expected_tokens(alpha, gamma), rel=0.02)
