@@ -31,6 +31,7 @@ from pathlib import Path
 
 from benchmarks import llamacpp
 from benchmarks.report import BASELINE, REF_LOOKUP, REF_PLAIN, versus_llamacpp
+from edgespec.drafters import NGRAM_SIZES
 from edgespec.errors import EdgeSpecError
 from edgespec.sampling import SamplingParams
 from edgespec.session import FRAMINGS, Request, parse_gamma
@@ -43,7 +44,7 @@ class BenchSettings:
     target: str
     drafts: list[str] = field(default_factory=lambda: ["ngram"])
     gammas: list[str] = field(default_factory=lambda: ["auto"])
-    ngram: tuple[int, int] = (1, 16)
+    ngram: tuple[int, int] = NGRAM_SIZES
     categories: list[str] = field(default_factory=list)
     per_category: int | None = None
     temperature: float = 0.0
@@ -527,7 +528,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--target", default=None, help="target model: .gguf path or bundled name (default smollm2-135m)")
     ap.add_argument("--draft", action="append", default=[], help="candidate drafter: ngram or a draft model (repeatable; default ngram)")
     ap.add_argument("--gamma", action="append", default=[], help="draft length: a number or auto (repeatable; default auto)")
-    ap.add_argument("--ngram", default="1,16", help="n-gram sizes for the ngram drafter as MIN,MAX (default 1,16)")
+    ngram = ",".join(map(str, NGRAM_SIZES))
+    ap.add_argument("--ngram", default=ngram, help=f"n-gram sizes for the ngram drafter as MIN,MAX (default {ngram})")
     ap.add_argument("--category", action="append", default=[], help="only this category (repeatable)")
     ap.add_argument("--per-category", type=int, default=None, help="first N prompts of each category")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); outputs are compared only when greedy")

@@ -89,7 +89,7 @@ class Request:
     framing: str = "auto"
     draft: str = "ngram"  # 'none' | a registered drafter name[:ARG] | a draft model name or path
     gamma: str = "auto"
-    ngram: tuple[int, int] = (1, 16)
+    ngram: tuple[int, int] = registry.NGRAM_SIZES
     max_tokens: int = 256
     sampling: SamplingParams = field(default_factory=SamplingParams)
     verifier: str = "rejection"
@@ -397,7 +397,7 @@ class Session:
              download_progress: Callable[[int, int], None] | None = None) -> Session:
         return cls(load_model(name, opts, progress, download_progress), opts)
 
-    def drafter(self, spec: str, ngram: tuple[int, int] = (1, 16)) -> Drafter | None:
+    def drafter(self, spec: str, ngram: tuple[int, int] = registry.NGRAM_SIZES) -> Drafter | None:
         """The drafter `spec` names: built per request when cheap, kept when it loads a model."""
         kind, arg = registry.split_spec(spec)
         if kind == "none":

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from edgespec.loader import RuntimeOptions
     from edgespec.runtime import Model
 
+NGRAM_SIZES = (1, 16)  # the n-gram drafter's default (smallest, largest) match size: --ngram 1,16
+
 # The drafters that ship with EdgeSpec; each module registers itself with `register` on import.
 DRAFTER_MODULES = ("edgespec.drafters.ngram", "edgespec.drafters.model", "edgespec.drafters.onnx",
                    "edgespec.drafters.combined")
@@ -111,7 +113,7 @@ class DraftContext:
     target: Model
     opts: RuntimeOptions
     arg: str = ""
-    ngram: tuple[int, int] = (1, 16)
+    ngram: tuple[int, int] = NGRAM_SIZES
 
 
 @dataclass(frozen=True)
@@ -169,7 +171,7 @@ def spec_names() -> str:
     return ", ".join(["none", *(f"{k.name}:..." if k.takes_model else k.name for k in kinds().values())])
 
 
-def build(spec: str, ctx_target: Model, opts: RuntimeOptions, ngram: tuple[int, int] = (1, 16)) -> Drafter | None:
+def build(spec: str, ctx_target: Model, opts: RuntimeOptions, ngram: tuple[int, int] = NGRAM_SIZES) -> Drafter | None:
     """The drafter `spec` names, built for `ctx_target`; None for 'none' (plain decoding)."""
     kind, arg = split_spec(spec)
     if kind == "none":

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edgespec.drafters import Draft, DraftContext, register
+from edgespec.drafters import NGRAM_SIZES, Draft, DraftContext, register
 from edgespec.errors import EdgeSpecError
 from edgespec.sampling import SamplingParams
 
@@ -26,7 +26,7 @@ class NgramDrafter:
     name = "ngram"
     needs_hidden = False
 
-    def __init__(self, n_min: int = 1, n_max: int = 16) -> None:
+    def __init__(self, n_min: int = NGRAM_SIZES[0], n_max: int = NGRAM_SIZES[1]) -> None:
         if not (1 <= n_min <= n_max):
             raise EdgeSpecError(f"n-gram sizes need 1 <= n_min <= n_max, got {n_min}..{n_max}")
         self.n_min = n_min

@@ -18,7 +18,7 @@ class Defaults:
     target: str = "smollm2-135m"
     draft: str = "ngram"  # a --draft spec: none | a registered drafter NAME[:ARG] | a draft model name/path
     gamma: str = "auto"
-    ngram: tuple[int, int] = (1, 16)
+    ngram: tuple[int, int] = drafters.NGRAM_SIZES
     max_tokens: int = 256
     temperature: float = 0.0
     top_k: int = 0
