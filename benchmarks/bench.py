@@ -4,7 +4,16 @@ llama-cpp-python's own prompt lookup, with JSON, Markdown and plots.
 Timing discipline (the machine is shared and small, so absolute tokens/s are noise): for each
 prompt every configuration runs `repeats` times in a rotating order (baseline, c1, c2, ... then
 c1, c2, ..., baseline, ...), the median tokens/s per configuration is kept, and every speedup is
-a ratio of medians measured on the same prompt in the same run.
+a ratio of medians measured on the same prompt in the same run. Wall time is not pooled like the
+counters: one repeat slowed by the machine's other load would pull a pooled rate, a median drops it.
+
+Every other figure of a results row comes from one `Stats`: the repeats of a (prompt,
+configuration) merged with `Stats.merge` (counters do not depend on machine load, so pooling all
+repeats loses nothing and every figure -- acceptance, alpha, alpha by depth, tokens per call, the
+draft-length histogram -- is of the same generations), written as its `to_dict` under "stats".
+A category's cell merges its prompts' Stats the same way; its tokens/s is total tokens over total
+seconds of the median rates. The predicted speedup and the draft cost c of a row or cell are those
+of its merged Stats (`pooled`); the report reads these and recomputes nothing.
 
 Every generation goes through the session layer (`edgespec.session`): one loaded target, one
 `Request` per configuration and prompt, the `Reply` it folds to. The predicted speedup of a run is
@@ -31,10 +40,12 @@ from pathlib import Path
 
 from benchmarks import llamacpp
 from benchmarks.report import BASELINE, REF_LOOKUP, REF_PLAIN, versus_llamacpp
+from edgespec.costs import CostModel
 from edgespec.drafters import NGRAM_SIZES
 from edgespec.errors import EdgeSpecError
 from edgespec.sampling import SamplingParams
-from edgespec.session import FRAMINGS, Request, parse_gamma
+from edgespec.session import FRAMINGS, Reply, Request, parse_gamma
+from edgespec.stats import Stats
 from edgespec.suites import Prompt, load_suites
 
 
@@ -110,12 +121,12 @@ class Config:
 
 @dataclass
 class Run:
-    """One timed generation: token ids, decode tokens/s and (for ours) the engine's stats."""
+    """One timed generation: token ids, decode tokens/s and, for ours and llama.cpp's, its Stats."""
 
     tokens: list[int]
     tokens_per_s: float
-    stats: dict | None = None
-    predicted_speedup: float | None = None
+    stats: Stats | None = None  # llama.cpp runs: generated, drafted and accepted only
+    costs: CostModel | None = None  # ours with a drafter: the cost model its reply was predicted with
     text: str | None = None  # llama.cpp runs: the program's text (its tokens are not reported)
 
 
@@ -145,6 +156,7 @@ class Runner:
         self.session = Session.load(s.target, self.opts)
         self.target = self.session.target
         self.refs: dict = {}
+        self.cost_models: dict[str, CostModel] = {}  # per configuration of ours: its latest reply's
         try:
             # The framing as the session resolves it, and the stop strings it adds (qa: the next
             # "Question:"), the same for every prompt; llama.cpp's program has none.
@@ -236,10 +248,12 @@ class Runner:
             # and it finishes the step that reaches the limit, so it may return up to a draft more.
             generated = sr.n_predict - (1 if sr.n_predict < limit else 0)
             toks = self.target.tokenize(sr.text, add_special=False)
-            stats = {"drafted": sr.n_drafted, "accepted": sr.n_accept, "generated": generated}
+            stats = Stats(generated=generated, drafted=sr.n_drafted, accepted=sr.n_accept)
             return Run(toks, generated / max(sr.decode_s, 1e-9), stats, text=sr.text)
         reply = self.session.run(cfg.request(s, text, self.framing, max_tokens), stop)
-        return Run(reply.tokens, reply.stats.tokens_per_s, reply.stats.to_dict(), reply.predicted_speedup)
+        if reply.costs is not None:
+            self.cost_models[cfg.name] = reply.costs
+        return Run(reply.tokens, reply.stats.tokens_per_s, reply.stats, reply.costs)
 
     def close(self) -> None:
         for ref in self.refs.values():
@@ -251,6 +265,19 @@ class Runner:
 def _median_run(runs: list[Run]) -> Run:
     order = sorted(runs, key=lambda r: r.tokens_per_s)
     return order[(len(order) - 1) // 2]
+
+
+def pooled(stats: Sequence[Stats], costs: CostModel | None) -> dict:
+    """The figures of generations pooled by `Stats.merge`: the merged Stats (`to_dict`) under
+    "stats"; with the cost model they were planned with, the speedup it predicts for the pooled
+    draft lengths at the pooled alpha (`Reply.predicted_speedup`) and the measured draft cost c,
+    seconds drafting per drafted token over T(1) (None where nothing was drafted)."""
+    st = Stats.merge(stats)
+    out: dict = {"stats": st.to_dict()}
+    if costs is not None:
+        out["predicted_speedup"] = Reply(stats=st, costs=costs).predicted_speedup
+        out["draft_cost"] = st.draft_s / st.drafted / costs.seconds(1) if st.drafted else None
+    return out
 
 
 def bench_prompt(runner: Runner, pr: Prompt, tokens: list[int], stop: threading.Event | None) -> dict | None:
@@ -282,47 +309,27 @@ def bench_prompt(runner: Runner, pr: Prompt, tokens: list[int], stop: threading.
             "tokens_per_s": tps,
             "tokens_per_s_runs": [r.tokens_per_s for r in rs],
             "speedup": tps / base_tps,
-            "generated": len(rep.tokens),
+            # the median run's tokens (llama.cpp: its own count), which its tokens/s counted
+            "generated": rep.stats.generated if cfg.kind == "llama.cpp" else len(rep.tokens),
             "tokens": rs[0].tokens,
             "text": rs[0].text if rs[0].text is not None else runner.target.detokenize(rs[0].tokens),
         }
-        if cfg.kind == "llama.cpp":
-            drafted = sum(r.stats["drafted"] for r in rs)
-            accepted = sum(r.stats["accepted"] for r in rs)
-            entry.update(drafted=drafted, accepted=accepted, acceptance_rate=accepted / drafted if drafted else None,
-                         generated=rep.stats["generated"])
-            if s.greedy:
-                # Compared as text (the program reports text, not token ids), over the baseline's
-                # length when the baseline stopped at the limit or may have stopped at a framing stop
-                # string (the program runs past both).
-                base_text = runner.target.detokenize(base_tokens)
-                prefix = len(base_tokens) >= s.max_tokens or bool(runner.frame_stops)
-                differ = [r for r in rs if not (r.text.startswith(base_text) if prefix else r.text == base_text)]
-                entry["identical"] = not differ
-                entry["divergences"] = []
-                for seq in sorted({tuple(r.tokens) for r in differ}):
-                    div = explain_divergence(runner.target, tokens, base_tokens, list(seq))
-                    if div is not None:
-                        entry["divergences"].append(div.to_dict())
-            results[cfg.name] = entry
-            continue
         if rep.stats is not None:
-            drafted = sum(r.stats["drafted"] for r in rs)
-            accepted = sum(r.stats["accepted"] for r in rs)
-            calls = sum(r.stats["target_calls"] for r in rs)
-            entry.update(
-                drafted=drafted,  # summed over repeats, like accepted
-                accepted=accepted,
-                acceptance_rate=accepted / drafted if drafted else None,
-                mean_accepted=accepted / calls if calls else None,
-                target_calls=rep.stats["target_calls"],
-                tokens_per_call=rep.stats["tokens_per_call"],
-                gamma_hist=rep.stats["gamma_hist"],
-                alpha=rep.stats["alpha"],  # the median run's, with its draft_s: what predicted_speedup used
-                draft_s=rep.stats["draft_s"],
-                predicted_speedup=rep.predicted_speedup,
-            )
-        if s.greedy:
+            entry.update(pooled([r.stats for r in rs], rs[-1].costs))
+        if s.greedy and cfg.kind == "llama.cpp":
+            # Compared as text (the program reports text, not token ids), over the baseline's
+            # length when the baseline stopped at the limit or may have stopped at a framing stop
+            # string (the program runs past both).
+            base_text = runner.target.detokenize(base_tokens)
+            prefix = len(base_tokens) >= s.max_tokens or bool(runner.frame_stops)
+            differ = [r for r in rs if not (r.text.startswith(base_text) if prefix else r.text == base_text)]
+            entry["identical"] = not differ
+            entry["divergences"] = []
+            for seq in sorted({tuple(r.tokens) for r in differ}):
+                div = explain_divergence(runner.target, tokens, base_tokens, list(seq))
+                if div is not None:
+                    entry["divergences"].append(div.to_dict())
+        elif s.greedy:
             distinct = {tuple(r.tokens) for r in rs}
             entry["identical"] = distinct == {tuple(base_tokens)}
             entry["divergences"] = []
@@ -346,9 +353,10 @@ def bench_prompt(runner: Runner, pr: Prompt, tokens: list[int], stop: threading.
     }
 
 
-def aggregate(prompts: list[dict], names: list[str]) -> dict:
+def aggregate(prompts: list[dict], names: list[str], cost_models: dict[str, CostModel] | None = None) -> dict:
     """Per-category (and 'overall') totals: tokens/s = total tokens / total decode seconds of the
-    median runs; speedup = that rate over the baseline's rate on the same prompts."""
+    median runs; speedup = that rate over the baseline's rate on the same prompts; the prompts'
+    Stats merged (`pooled`, with the configuration's cost model from `cost_models`)."""
     groups: dict[str, list[dict]] = {}
     for p in prompts:
         groups.setdefault(p["category"], []).append(p)
@@ -362,17 +370,8 @@ def aggregate(prompts: list[dict], names: list[str]) -> dict:
             gen = sum(e["generated"] for e in es)
             secs = sum(e["generated"] / e["tokens_per_s"] for e in es if e["tokens_per_s"] > 0)
             cell: dict = {"prompts": len(es), "generated": gen, "tokens_per_s": gen / secs if secs else 0.0}
-            if "target_calls" not in es[0] and "drafted" in es[0]:  # llama.cpp: no per-call stats
-                acc = [e["acceptance_rate"] for e in es if e.get("acceptance_rate") is not None]
-                cell["acceptance_rate"] = statistics.mean(acc) if acc else None
-            elif es[0].get("acceptance_rate") is not None or "target_calls" in es[0]:
-                calls = sum(e["target_calls"] for e in es)
-                cell["target_calls"] = calls
-                acc = [e["acceptance_rate"] for e in es if e.get("acceptance_rate") is not None]
-                cell["acceptance_rate"] = statistics.mean(acc) if acc else None
-                cell["mean_accepted"] = statistics.mean(e["mean_accepted"] or 0.0 for e in es)
-                pred = [e["predicted_speedup"] for e in es if e.get("predicted_speedup") is not None]
-                cell["predicted_speedup"] = statistics.mean(pred) if pred else None
+            if "stats" in es[0]:
+                cell.update(pooled([Stats.from_dict(e["stats"]) for e in es], (cost_models or {}).get(name)))
             if "identical" in es[0]:
                 cell["identical"] = sum(bool(e["identical"]) for e in es)
                 divs = [d for e in es for d in e["divergences"]]
@@ -434,7 +433,7 @@ def run_bench(
     def save(final: bool) -> None:
         meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         meta["prompts_done"] = len(done)
-        results["categories"] = aggregate(done, names)
+        results["categories"] = aggregate(done, names, runner.cost_models)
         results["versus_llamacpp"] = versus_llamacpp(results)
         if done:
             # T(1) should be close to the baseline's seconds per token; far above it means the stored
@@ -480,7 +479,8 @@ def verify_cost(target: str, opts_kw: dict, max_k: int, repeats: int, out_dir: s
     """T(K) for K = 1..max_k and the ceiling speedup at perfect acceptance.
 
     With every draft accepted (alpha = 1) and free drafting (c = 0), a pass over K rows yields K
-    tokens for T(K)/T(1) single-token passes: the best speedup is max_K K T(1) / T(K).
+    tokens for T(K)/T(1) single-token passes: the cost model's speedup of K-1 drafts,
+    `CostModel.speedup(1.0, K-1, c=0)` = K T(1) / T(K); the ceiling is its largest.
     """
     from edgespec.costs import measure_pass_costs
     from edgespec.loader import RuntimeOptions, load_model
@@ -497,8 +497,9 @@ def verify_cost(target: str, opts_kw: dict, max_k: int, repeats: int, out_dir: s
         costs = measure_pass_costs(model, list(range(1, max_k + 1)), repeats)
     finally:
         model.close()
-    t1 = costs[1]
-    rows = [{"k": k, "seconds": t, "t_ratio": t / t1, "ceiling_speedup": k * t1 / t} for k, t in costs.items()]
+    cm = CostModel(costs, gamma_max=max_k - 1)  # every measured K in its table
+    rows = [{"k": k, "seconds": t, "t_ratio": cm.t_ratio(k), "ceiling_speedup": cm.speedup(1.0, k - 1, c=0.0)}
+            for k, t in costs.items()]
     best = max(rows, key=lambda r: r["ceiling_speedup"])
     res = {
         "target": path,

@@ -8,8 +8,9 @@ idle machine):
   * for drafters of cost c (c = one draft token's time over T(1)) and acceptance alpha, the best
     draft length and speedup the one cost model (`CostModel.best_gamma`) predicts here;
   * the acceptance a drafter of each cost needs to reach `--goal` (None: no acceptance does);
-  * with `--bench`, each configuration of a bench run (benchmarks.bench --json): its measured alpha
-    by draft depth and draft cost, and the best it could give here with those.
+  * with `--bench`, each configuration of a bench run (its results.json): its measured alpha by
+    draft depth and draft cost (the 'overall' cell: every prompt's Stats merged), and the best it
+    could give here with those.
 The same numbers are what gamma auto uses to decline a drafter.
 """
 
@@ -59,12 +60,13 @@ def grid(costs: CostModel, goal: float) -> list[str]:
 
 
 def bench_rows(costs: CostModel, run: dict) -> list[str]:
-    """One row per configuration of a bench run, pooled over its prompts ('overall')."""
+    """One row per configuration of a bench run that drafted, pooled over its prompts ('overall':
+    categories.overall.<configuration>.stats.alpha_by_depth and .draft_cost)."""
     out = ["| configuration | alpha by depth | draft cost c | best here (gamma) | measured |",
            "|---|---|---|---|---|"]
-    overall = run.get("aggregate", {}).get("overall", {})
+    overall = run.get("categories", {}).get("overall", {})
     for name, row in overall.items():
-        depths = [a for a in (row.get("alpha_by_depth") or []) if a is not None]
+        depths = [a for a in (row.get("stats") or {}).get("alpha_by_depth", []) if a is not None]
         c = row.get("draft_cost")
         if not depths or c is None:
             continue
@@ -81,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = Parser(prog="python -m benchmarks.ceiling", description=__doc__.split("\n")[0])
     ap.add_argument("--target", required=True, help="target model: .gguf path or catalog name")
     ap.add_argument("--goal", type=float, default=1.25, help="speedup to find the needed acceptance for (default 1.25)")
-    ap.add_argument("--bench", default=None, help="a bench run's JSON (benchmarks.bench --json FILE)")
+    ap.add_argument("--bench", default=None, help="a bench run's results.json (python app.py bench --out DIR)")
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args(argv)
 

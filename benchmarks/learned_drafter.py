@@ -1,9 +1,10 @@
 """Figures for the learned drafter (docs/learned_drafter.md).
 
   python -m benchmarks.learned_drafter summary RESULTS.json [RESULTS.json ...]
-      per bench configuration: median and minimum speedup over prompts, alpha, c, tokens per target
-      call, and what the same alpha and c would give where a K-row pass costs what a 1-row pass does
-      (a GPU-like T(K) = T(1); the paper's formula, a prediction, not a measurement).
+      per bench configuration: median and minimum speedup over prompts, and from its 'overall' cell
+      (the Stats of every prompt and repeat merged) alpha, c and tokens per target call, and what the
+      same alpha and c would give where a K-row pass costs what a 1-row pass does (a GPU-like
+      T(K) = T(1), `CostModel.flat`: a prediction, not a measurement).
 
   python -m benchmarks.learned_drafter sampled --target T --draft learned:DIR [--temperature 0.8]
       acceptance of the same drafter at temperature > 0 with the lossless rejection sampler and with
@@ -20,23 +21,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks.report import BASELINE, REF_LOOKUP, REF_PLAIN
+from edgespec.costs import CostModel
 from edgespec.errors import EdgeSpecError, run_command
+from edgespec.stats import Stats
 
-
-def flat_speedup(alpha: float, c: float, gamma_max: int = 16) -> tuple[int, float]:
-    """Best (gamma, speedup) of S = (1 - a^(g+1)) / ((1 - a)(g c + 1)): T(K) = T(1)."""
-    best = (0, 1.0)
-    for g in range(1, gamma_max + 1):
-        tokens = (1 - alpha ** (g + 1)) / (1 - alpha) if alpha < 1 else g + 1
-        s = tokens / (g * c + 1)
-        if s > best[1]:
-            best = (g, s)
-    return best
+FLAT_GAMMA_MAX = 16  # longest draft of the T(K) = T(1) prediction
 
 
 def summarize(res: dict) -> list[dict]:
     meta = res["meta"]
-    t1 = float(meta["verify_cost_s"]["1"])
     rows = []
     names = [c["name"] for c in meta["configs"]] + [REF_LOOKUP]
     for name in names:
@@ -46,19 +39,17 @@ def summarize(res: dict) -> list[dict]:
         if not es:
             continue
         sp = [e["speedup"] for e in es]
+        overall = res["categories"]["overall"][name]
         row = {"config": name, "prompts": len(es), "median_speedup": statistics.median(sp), "min_speedup": min(sp),
-               "overall_speedup": res["categories"]["overall"][name]["speedup"]}
-        drafted = sum(e.get("drafted") or 0 for e in es)
-        if "alpha" in es[0]:
-            alphas = [e["alpha"] for e in es if e.get("drafted")]
-            row["alpha"] = statistics.median(alphas) if alphas else None
-            draft_s = sum(e["draft_s"] for e in es if e.get("drafted"))
-            drafted_median_runs = sum(e["drafted"] / max(1, len(e["tokens_per_s_runs"])) for e in es if e.get("drafted"))
-            row["c"] = (draft_s / drafted_median_runs / t1) if drafted_median_runs else None
-            row["tokens_per_call"] = statistics.median(e["tokens_per_call"] for e in es)
-            row["drafted"] = drafted
+               "overall_speedup": overall["speedup"]}
+        if "draft_cost" in overall:  # ours with a drafter
+            st = overall["stats"]
+            row["alpha"] = st["alpha"] if st["drafted"] else None
+            row["c"] = overall["draft_cost"]
+            row["tokens_per_call"] = st["tokens_per_call"]
+            row["drafted"] = st["drafted"]
             if row["alpha"] is not None and row["c"] is not None:
-                g, s = flat_speedup(row["alpha"], row["c"])
+                g, s = CostModel.flat(row["c"]).best_gamma(row["alpha"], FLAT_GAMMA_MAX)
                 row["flat_tk_gamma"], row["flat_tk_speedup"] = g, s
         rows.append(row)
     return rows
@@ -100,7 +91,7 @@ def sampled(target: str, draft: str, temperature: float, gamma: int, max_tokens:
     session = Session.load(target, RuntimeOptions())
     framing = "question"
     prompts = load_suites(["spec_bench"], list(categories), per_category)
-    acc = {"rejection": [0, 0], "match": [0, 0]}
+    stats: dict[str, list[Stats]] = {"rejection": [], "match": []}
     try:
         for pr in prompts:
             for seed in range(seeds):
@@ -108,14 +99,14 @@ def sampled(target: str, draft: str, temperature: float, gamma: int, max_tokens:
                     r = session.run(Request(text=pr.text, framing=framing, draft=draft, gamma=str(gamma),
                                             max_tokens=max_tokens, sampling=SamplingParams(temperature, seed=seed),
                                             verifier=verifier))
-                    acc[verifier][0] += r.stats.accepted
-                    acc[verifier][1] += r.stats.drafted
+                    stats[verifier].append(r.stats)
     finally:
         session.close()
     lines = [f"temperature {temperature}, gamma {gamma}, {len(prompts)} prompts x {seeds} seeds, {max_tokens} tokens, "
              f"drafter {draft}", "", "| verifier | accepted / drafted | acceptance |", "|---|---|---|"]
-    for v, (a, d) in acc.items():
-        lines.append(f"| {v} | {a} / {d} | {a / d if d else 0:.3f} |")
+    for v, runs in stats.items():
+        st = Stats.merge(runs)
+        lines.append(f"| {v} | {st.accepted} / {st.drafted} | {st.acceptance_rate:.3f} |")
     return "\n".join(lines)
 
 

@@ -2,7 +2,9 @@
 and plots (speedup per category, measured vs predicted speedup, T(K)/T(1) cost curve).
 
 T(K) in a report is the machine's stored cost profile (`edgespec.costs`), the one gamma auto planned
-with; `--verify-cost` output is a fresh measurement (`costs.measure_pass_costs`)."""
+with; `--verify-cost` output is a fresh measurement (`costs.measure_pass_costs`). Acceptance, alpha
+and the other per-token figures are read from each row's merged `Stats` ("stats", its `to_dict`),
+never recomputed here."""
 
 from __future__ import annotations
 
@@ -19,6 +21,16 @@ PLOTS = ("speedup_by_category.png", "measured_vs_predicted.png", "verify_cost.pn
 
 def _fmt(x: float | None, spec: str = ".2f") -> str:
     return "–" if x is None else format(x, spec)
+
+
+def _stats_cells(c: dict) -> list[str]:
+    """acceptance, alpha, mean accepted and target calls of a row or cell, from its Stats; '–' where
+    it has none (llama-cpp-python), nothing was drafted, or no target call was counted (llama.cpp)."""
+    st = c.get("stats")
+    drafted = bool(st and st["drafted"])
+    calls = bool(st and st["target_calls"])
+    return [_fmt(st["acceptance_rate"] if drafted else None), _fmt(st["alpha"] if drafted and calls else None),
+            _fmt(st["mean_accepted"] if calls else None), str(st["target_calls"]) if calls else "–"]
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -47,7 +59,9 @@ def report_markdown(res: dict) -> str:
         "",
         "Speedup = decode tokens/s over the baseline's on the same prompts in the same run "
         "(category rate = total tokens / total decode seconds). llama-cpp-python rows: its plain "
-        "`Llama` and its `LlamaPromptLookupDecoding`; 'own' = over its own plain run.",
+        "`Llama` and its `LlamaPromptLookupDecoding`; 'own' = over its own plain run. Acceptance "
+        "(accepted / drafted), alpha (accepted / tested), mean accepted and target calls pool every "
+        "repeat and prompt; predicted = the cost model at those pooled figures.",
         "",
         *(
             ["**Warning:** T(1) of the stored cost profile is over twice the baseline's seconds per token "
@@ -82,18 +96,17 @@ def report_markdown(res: dict) -> str:
             "",
             f"## {cat}",
             "",
-            "| configuration | tok/s | speedup | predicted | acceptance | mean accepted | target calls | identical |",
-            "|---|---|---|---|---|---|---|---|",
+            "| configuration | tok/s | speedup | predicted | acceptance | alpha | mean accepted | target calls | identical |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for name in names:
             c = cats[cat][name]
             ident = f"{c['identical']}/{c['prompts']}" if "identical" in c else "–"
             if c.get("divergences"):
                 ident += f" ({c['near_tie_divergences']}/{c['divergences']} near-tie)"
-            lines.append(
-                f"| {name} | {c['tokens_per_s']:.1f} | {c['speedup']:.2f}x | {_fmt(c.get('predicted_speedup'))} | "
-                f"{_fmt(c.get('acceptance_rate'))} | {_fmt(c.get('mean_accepted'))} | {c.get('target_calls', '–')} | {ident} |"
-            )
+            cells = [f"{c['tokens_per_s']:.1f}", f"{c['speedup']:.2f}x", _fmt(c.get("predicted_speedup")),
+                     *_stats_cells(c), ident]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += llamacpp_section(res)
     divs = [
         (p["id"], name, d)

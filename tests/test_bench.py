@@ -18,11 +18,13 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, run_app
 
-from benchmarks.bench import BASELINE, REF_LOOKUP, REF_PLAIN, BenchSettings, aggregate
+from benchmarks.bench import BASELINE, REF_LOOKUP, REF_PLAIN, BenchSettings, aggregate, pooled
+from benchmarks.ceiling import bench_rows
 from edgespec.costs import CostModel, profile_rows
 from edgespec.engine import first_divergence
 from edgespec.errors import EdgeSpecError
 from edgespec.session import FRAMINGS, QA_FRAME, Request, frame
+from edgespec.stats import Stats
 from edgespec.suites import load_suite, load_suites, shipped_suites
 
 CODE = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
@@ -48,7 +50,7 @@ def test_load_suite_reads_both_formats(tmp_path):
 def test_shipped_spec_bench_loads_with_filters():
     suites = shipped_suites()
     assert set(suites) == {"code_edit", "code_open", "spec_bench"}
-    assert suites["spec_bench"].parent == ROOT / "benchmarks" / "suites"  # package data, found by importlib
+    assert suites["spec_bench"].parent == ROOT / "edgespec" / "suites"  # package data, found by importlib
     prompts = load_suites([suites["spec_bench"]], ["summarization", "rag"], per_category=2)
     assert [p.category for p in prompts] == ["summarization"] * 2 + ["rag"] * 2
     by_name = load_suites(["spec_bench"], ["summarization", "rag"], per_category=2)  # `--suite spec_bench`
@@ -127,18 +129,57 @@ def test_bench_framing_is_the_sessions_question(smollm2, monkeypatch):
     assert asked.tokens == smollm2.tokenize(QA_FRAME.format(prompt=text), add_special=True) != chat
 
 
-def test_aggregate_is_total_tokens_over_total_seconds():
-    def entry(tps: float, gen: int) -> dict:
-        return {"tokens_per_s": tps, "generated": gen}
+# Two generations with hand-counted steps. A: 4 steps of 2 drafts, two accepting both (3 tokens
+# each), two accepting the first (2 each): 10 tokens, 8 drafted, 6 accepted, 2 rejections; depth 1
+# tested 4 times, accepted 4; depth 2 tested 4, accepted 2. B: 1 step of 4 drafts, the first rejected.
+GEN_A = Stats(generated=10, target_calls=4, drafted=8, accepted=6, rejections=2, draft_s=0.08, wall_s=1.0,
+              gamma_hist={2: 4}, accepted_hist={1: 2, 2: 2}, depth_tested=[4, 4], depth_accepted=[4, 2])
+GEN_B = Stats(generated=1, target_calls=1, drafted=4, accepted=0, rejections=1, draft_s=0.02, wall_s=1.0,
+              gamma_hist={4: 1}, accepted_hist={0: 1}, depth_tested=[1], depth_accepted=[0])
 
+
+def _check_pooled_ab(row: dict) -> None:
+    """The figures of GEN_A and GEN_B together, counted by hand: 12 drafted, 6 accepted, 3 rejections,
+    5 calls, 11 tokens (the mean of the two acceptances, 0.375, is not the pooled 0.5)."""
+    st = row["stats"]
+    assert (st["drafted"], st["accepted"], st["target_calls"], st["generated"]) == (12, 6, 5, 11)
+    assert st["acceptance_rate"] == pytest.approx(0.5)
+    assert st["alpha"] == pytest.approx(2 / 3)  # 6 / (6 + 3)
+    assert st["tokens_per_call"] == pytest.approx(2.2) and st["mean_accepted"] == pytest.approx(1.2)
+    assert st["alpha_by_depth"] == pytest.approx([4 / 5, 2 / 4])
+    assert st["gamma_hist"] == {"2": 4, "4": 1} and st["accepted_hist"] == {"0": 1, "1": 2, "2": 2}
+
+
+def test_pooled_figures_are_those_of_all_generations():
+    # T(K) = T(1) = 10 ms, drafting c = 0.1 passes a token: a step of k drafts costs 1 + 0.1 k passes.
+    costs = CostModel({1: 0.01, 64: 0.01}, c=0.1)
+    row = pooled([GEN_A, GEN_B], costs)
+    _check_pooled_ab(row)
+    # at alpha 2/3: E(2) = 1 + 2/3 + 4/9 = 19/9, E(4) = 211/81; 4 E(2) + E(4) = 895/81 tokens for
+    # 4 * 1.2 + 1.4 = 6.2 passes
+    assert row["predicted_speedup"] == pytest.approx(895 / 81 / 6.2)
+    assert row["draft_cost"] == pytest.approx(0.1 / 12 / 0.01)  # 0.1 s drafting 12 tokens, over T(1)
+    plain = pooled([Stats(generated=5, target_calls=5, gamma_hist={0: 5}, wall_s=1.0)], costs)
+    assert plain["predicted_speedup"] == 1.0 and plain["draft_cost"] is None
+    assert "predicted_speedup" not in pooled([GEN_A], None)  # no cost model (baseline, llama.cpp)
+
+
+def test_aggregate_pools_rates_and_stats_over_prompts():
+    def entry(tps: float, gen: int, st: Stats) -> dict:
+        return {"tokens_per_s": tps, "generated": gen, "stats": st.to_dict()}
+
+    base = Stats(generated=100, target_calls=100, gamma_hist={0: 100}, wall_s=1.0)
     prompts = [
-        {"category": "a", "results": {BASELINE: entry(10, 100), "x": entry(20, 100)}},
-        {"category": "a", "results": {BASELINE: entry(10, 50), "x": entry(50, 50)}},
+        {"category": "a", "results": {BASELINE: entry(10, 100, base), "x": entry(20, 100, GEN_A)}},
+        {"category": "a", "results": {BASELINE: entry(10, 50, base), "x": entry(50, 50, GEN_B)}},
     ]
-    cats = aggregate(prompts, [BASELINE, "x"])
-    assert cats["a"]["x"]["tokens_per_s"] == pytest.approx(150 / (100 / 20 + 50 / 50))
-    assert cats["a"]["x"]["speedup"] == pytest.approx(25 / 10)
+    cats = aggregate(prompts, [BASELINE, "x"], {"x": CostModel({1: 0.01, 64: 0.01}, c=0.1)})
+    # 150 tokens in 100/20 + 50/50 = 6 seconds
+    assert cats["a"]["x"]["tokens_per_s"] == pytest.approx(25.0) and cats["a"]["x"]["speedup"] == pytest.approx(2.5)
     assert cats["overall"]["x"]["prompts"] == 2
+    _check_pooled_ab(cats["a"]["x"])
+    assert cats["a"]["x"]["predicted_speedup"] == pytest.approx(895 / 81 / 6.2)
+    assert "predicted_speedup" not in cats["a"][BASELINE] and cats["a"][BASELINE]["stats"]["target_calls"] == 200
 
 
 # ------------------------------------------------------------------------------------- end to end
@@ -190,27 +231,28 @@ def test_bench_numbers_are_consistent(tiny_run):
             assert len(e["tokens_per_s_runs"]) == 1 and e["tokens_per_s"] == e["tokens_per_s_runs"][0]
             assert e["speedup"] == pytest.approx(e["tokens_per_s"] / base["tokens_per_s"])
             assert 1 <= e["generated"] <= 32 and e["generated"] == len(e["tokens"])
-            if e["kind"] == "ours":
-                if e["drafted"]:  # auto gamma may decline to draft at all on a short answer
-                    assert e["acceptance_rate"] == pytest.approx(e["accepted"] / e["drafted"])
-                    assert 0.0 <= e["acceptance_rate"] <= 1.0
+            if e["kind"] in ("baseline", "ours"):
+                st = e["stats"]  # one repeat: the Stats of the one run
+                assert st["generated"] == e["generated"]
+                assert sum(st["gamma_hist"].values()) == st["target_calls"]  # every call is one step
+                assert st["target_calls"] <= e["generated"] + 1  # every call but an EOG-ending one adds a token
+                assert 0 <= st["accepted"] <= st["drafted"] and st["rejections"] <= st["target_calls"]
+                longest = max(int(k) for k in st["gamma_hist"])
+                assert len(st["alpha_by_depth"]) <= longest  # no depth beyond the longest draft is tested
+                if st["drafted"]:  # auto gamma may decline to draft at all on a short answer
+                    # drafts after a step's first rejection are never tested: alpha >= acceptance
+                    assert 0.0 <= st["acceptance_rate"] <= st["alpha"] <= 1.0
                 else:
-                    assert e["acceptance_rate"] is None and e["accepted"] == 0
-                assert e["target_calls"] <= e["generated"] + 1  # every call but an EOG-ending one adds a token
+                    assert st["accepted"] == st["rejections"] == 0 and st["alpha_by_depth"] == []
+                if e["kind"] == "baseline":
+                    assert st["gamma_hist"] == {"0": st["target_calls"]} and st["tokens_per_call"] == pytest.approx(1.0)
                 if name == "ngram g=3":
-                    assert e["target_calls"] >= math.ceil(e["generated"] / 4)  # at most 3 drafts + 1 a call
-                # tokens produced per call: the answer's, plus the end-of-generation token that ended it
-                produced = e["tokens_per_call"] * e["target_calls"]
-                assert produced == pytest.approx(e["generated"]) or produced == pytest.approx(e["generated"] + 1)
-                assert e["predicted_speedup"] > 0
-                # Reply.predicted_speedup: the one cost model over the reported T(K) profile
-                if not res["meta"]["cost_profile_changed"]:
-                    cm = CostModel({int(k): v for k, v in res["meta"]["verify_cost_s"].items()})
-                    hist = {int(k): n for k, n in e["gamma_hist"].items()}
-                    expect = cm.predicted_for(hist, e["alpha"], e["draft_s"], e["drafted"])
-                    assert e["predicted_speedup"] == pytest.approx(expect, rel=1e-9)
-                if name == "ngram g=3":
-                    assert set(e["gamma_hist"]) <= {"0", "1", "2", "3"}
+                    assert st["target_calls"] >= math.ceil(e["generated"] / 4)  # at most 3 drafts + 1 a call
+                    assert set(st["gamma_hist"]) <= {"0", "1", "2", "3"}
+            if e["kind"] == "ours":
+                assert e["predicted_speedup"] > 0 and (e["draft_cost"] is None) is (e["stats"]["drafted"] == 0)
+                if set(e["stats"]["gamma_hist"]) == {"0"}:
+                    assert e["predicted_speedup"] == pytest.approx(1.0)  # plain steps only: plain speed
             else:
                 assert e.get("predicted_speedup") is None  # no drafter, no cost model
             if e["kind"] == "reference":
@@ -221,10 +263,24 @@ def test_bench_numbers_are_consistent(tiny_run):
     for cat, row in res["categories"].items():
         ps = [p for p in res["prompts"] if cat == "overall" or p["category"] == cat]
         for name, cell in row.items():
-            gen = sum(p["results"][name]["generated"] for p in ps)
-            secs = sum(p["results"][name]["generated"] / p["results"][name]["tokens_per_s"] for p in ps)
-            assert cell["generated"] == gen and cell["tokens_per_s"] == pytest.approx(gen / secs)
+            es = [p["results"][name] for p in ps]
+            assert cell["generated"] == sum(e["generated"] for e in es)
+            # a pooled rate lies between its prompts' rates
+            rates = [e["tokens_per_s"] for e in es]
+            assert min(rates) * (1 - 1e-9) <= cell["tokens_per_s"] <= max(rates) * (1 + 1e-9)
             assert cell["speedup"] == pytest.approx(cell["tokens_per_s"] / row[BASELINE]["tokens_per_s"])
+            if "stats" in cell:  # counters of the prompts, summed
+                for key in ("generated", "target_calls", "drafted", "accepted", "rejections"):
+                    assert cell["stats"][key] == sum(e["stats"][key] for e in es), (cat, name, key)
+
+
+def test_ceiling_reads_the_bench_results(tiny_run):
+    """benchmarks.ceiling --bench: a row for each configuration that drafted, from the overall cell."""
+    _, _, res = tiny_run
+    rows = bench_rows(CostModel({int(k): v for k, v in res["meta"]["verify_cost_s"].items()}), res)
+    drafted = [n for n, c in res["categories"]["overall"].items() if c.get("draft_cost") is not None]
+    assert drafted  # the n-gram drafter copies from the code it is asked to edit
+    assert len(rows) == 2 + len(drafted) and all(any(f"| {n} |" in r for r in rows) for n in drafted)
 
 
 def test_identical_flags_agree_with_the_tokens(tiny_run):
@@ -285,9 +341,12 @@ def test_verify_cost(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads((tmp_path / "verify_cost.json").read_text())
     assert [row["k"] for row in res["rows"]] == list(range(1, 7))
-    assert res["rows"][0]["t_ratio"] == 1.0
-    best = max(res["rows"], key=lambda row: row["k"] / row["t_ratio"])
-    assert res["best_k"] == best["k"] and res["ceiling_speedup"] == pytest.approx(best["k"] / best["t_ratio"])
+    t1 = res["rows"][0]["seconds"]
+    assert res["rows"][0]["t_ratio"] == 1.0 and res["rows"][0]["ceiling_speedup"] == 1.0  # K = 1: no drafts
+    for row in res["rows"]:  # K tokens at perfect acceptance for one pass over K rows
+        assert row["ceiling_speedup"] == pytest.approx(row["k"] * t1 / row["seconds"])
+    best = max(res["rows"], key=lambda row: row["ceiling_speedup"])
+    assert res["best_k"] == best["k"] and res["ceiling_speedup"] == best["ceiling_speedup"]
     assert f"{res['ceiling_speedup']:.2f}x" in r.stdout
     assert (tmp_path / "verify_cost.png").read_bytes()[:4] == b"\x89PNG"
     bad = run_app("bench", "--verify-cost", "--max-k", "1", timeout=60)

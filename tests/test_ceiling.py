@@ -25,9 +25,9 @@ def test_linear_verification_cost_never_pays():
 
 def test_bench_rows_use_measured_alpha_by_depth_and_cost():
     costs = CostModel({1: 1.0, 2: 1.2, 3: 1.4, 4: 1.6, 64: 20.0})
-    run = {"aggregate": {"overall": {
-        "baseline": {"speedup": 1.0},
-        "learned g=auto": {"alpha_by_depth": [0.9, 0.8, 0.7], "draft_cost": 0.01, "speedup": 1.3},
+    run = {"categories": {"overall": {  # results.json as benchmarks.bench writes it
+        "baseline": {"speedup": 1.0, "stats": {"alpha_by_depth": []}},
+        "learned g=auto": {"stats": {"alpha_by_depth": [0.9, 0.8, 0.7]}, "draft_cost": 0.01, "speedup": 1.3},
     }}}
     rows = bench_rows(costs, run)
     assert len(rows) == 3  # header, separator, the one configuration with measured depths
