@@ -18,7 +18,7 @@ import signal
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import cached_property
 from pathlib import Path
 from types import ModuleType
 from typing import Literal
@@ -26,7 +26,8 @@ from typing import Literal
 import numpy as np
 
 from edgespec import backend
-from edgespec.errors import EdgeSpecError, one_line
+from edgespec.chat_template import render_chat_template
+from edgespec.errors import EdgeSpecError
 
 FlashAttn = Literal["auto", "on", "off"]
 _FLASH = {"auto": -1, "off": 0, "on": 1}
@@ -309,11 +310,6 @@ class Model:
             add_eos=bool(llama.llama_vocab_get_add_eos(self._vocab)),
         )
 
-    def meta(self, key: str) -> str | None:
-        buf = ctypes.create_string_buffer(4096)
-        n = lib().llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
-        return buf.value.decode("utf-8", "replace") if n >= 0 else None
-
     # ----------------------------------------------------------------------------- text
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         data = text.encode("utf-8")
@@ -374,29 +370,6 @@ class Model:
             tmpl, messages, add_generation_prompt=add_assistant, name=Path(self.path).name,
             bos_token=self.token_text(bos) if bos >= 0 else "", eos_token=self.token_text(eos) if eos >= 0 else "",
         )
-
-    def apply_builtin_chat_template(self, messages: Sequence[dict[str, str]], add_assistant: bool = True) -> str:
-        """llama.cpp's own renderer (`llama_chat_apply_template`): it never runs the template but
-        recognises a fixed list of formats by their markers and writes them in C++. Kept to
-        cross-check the Jinja renderer on known formats (tests/test_server.py)."""
-        llama = lib()
-        tmpl = llama.llama_model_chat_template(self._model, None)
-        if not tmpl:
-            raise EdgeSpecError(f"{Path(self.path).name} has no chat template in its metadata; drop --chat")
-        keep = [(m["role"].encode(), m["content"].encode()) for m in messages]
-        chat = (llama.llama_chat_message * len(keep))()
-        for i, (role, content) in enumerate(keep):
-            chat[i].role = role
-            chat[i].content = content
-        cap = 2 * sum(len(r) + len(c) for r, c in keep) + 512
-        buf = ctypes.create_string_buffer(cap)
-        n = llama.llama_chat_apply_template(tmpl, chat, len(keep), add_assistant, buf, cap)
-        if n > cap:
-            buf = ctypes.create_string_buffer(n)
-            n = llama.llama_chat_apply_template(tmpl, chat, len(keep), add_assistant, buf, n)
-        if n < 0:
-            raise EdgeSpecError(f"llama.cpp does not recognise the chat template of {Path(self.path).name}")
-        return buf.raw[:n].decode("utf-8", "replace")
 
     # ----------------------------------------------------------------------------- cache
     @property
@@ -525,76 +498,6 @@ class Model:
             self.close()
         except Exception:
             pass
-
-
-# ----------------------------------------------------------------------------- chat templates
-# Chat templates come from the GGUF file, i.e. from whoever published the model, so they are run
-# in Jinja's immutable sandbox: no attribute of Python internals (__class__, __globals__, ...), no
-# mutation of the messages, no unsafe callables; and, beyond the sandbox's defaults, no string or
-# list multiplication or power that builds huge values. A refused or failing template is one line.
-MAX_TEMPLATE_VALUE = 1 << 20  # largest sequence a template may build with * (characters/items)
-
-
-@lru_cache(maxsize=1)
-def _template_env():
-    import json
-    from datetime import datetime
-
-    from jinja2.exceptions import SecurityError, TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    class Env(ImmutableSandboxedEnvironment):
-        intercepted_binops = frozenset(["*", "**"])
-
-        def call_binop(self, context, operator, left, right):  # noqa: ANN001, ANN201
-            if operator == "**" and isinstance(right, int | float) and abs(right) > 64:
-                raise SecurityError("the template raised a number to a huge power")
-            if operator == "*":
-                for seq, times in ((left, right), (right, left)):
-                    if isinstance(seq, str | list | tuple) and isinstance(times, int) and \
-                            len(seq) * times > MAX_TEMPLATE_VALUE:
-                        raise SecurityError("the template built a huge string or list")
-            return super().call_binop(context, operator, left, right)
-
-    def raise_exception(message: str) -> None:
-        raise TemplateError(message)
-
-    env = Env(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(x, indent=indent,
-                                                                                 ensure_ascii=ensure_ascii)
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env
-
-
-@lru_cache(maxsize=16)
-def _compile_template(template: str):
-    return _template_env().from_string(template)
-
-
-def render_chat_template(template: str, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True,
-                         bos_token: str = "", eos_token: str = "", name: str = "this model") -> str:
-    """Render a chat template (Jinja, as stored in GGUF metadata) in the sandbox; any refusal or
-    failure is an EdgeSpecError naming the model."""
-    try:
-        from jinja2.exceptions import SecurityError, TemplateError, TemplateSyntaxError
-    except ImportError:  # pragma: no cover - jinja2 comes with gradio
-        raise EdgeSpecError("rendering chat templates needs jinja2 (pip install jinja2)") from None
-    try:
-        compiled = _compile_template(template)
-    except TemplateSyntaxError as exc:
-        raise EdgeSpecError(f"the chat template of {name} is not valid Jinja: {exc.message}") from None
-    try:
-        return compiled.render(messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
-                               bos_token=bos_token, eos_token=eos_token)
-    except SecurityError as exc:
-        raise EdgeSpecError(f"the chat template of {name} was refused by the sandbox: {one_line(exc)}") from None
-    except TemplateError as exc:
-        raise EdgeSpecError(f"the chat template of {name} failed: {one_line(exc)}") from None
-    except RecursionError:
-        raise EdgeSpecError(f"the chat template of {name} recursed too deeply") from None
-    except Exception as exc:  # a template can raise anything its expressions raise
-        raise EdgeSpecError(f"the chat template of {name} failed: {one_line(exc, typed=True)}") from None
 
 
 class TextStream:

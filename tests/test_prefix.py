@@ -11,11 +11,12 @@ import json
 import numpy as np
 import pytest
 
+from edgespec.chat_template import render_chat_template
 from edgespec.drafters.ngram import NgramDrafter
 from edgespec.engine import Engine, FixedGamma, GenerationConfig
 from edgespec.errors import EdgeSpecError
 from edgespec.loader import RuntimeOptions
-from edgespec.runtime import Model, render_chat_template
+from edgespec.runtime import Model
 from edgespec.session import Conversation, Reply, Request, Session, frame
 from tests.conftest import run_app
 
@@ -193,13 +194,19 @@ def test_hostile_chat_templates_are_refused_in_one_line(template):
     assert "\n" not in str(exc.value)
 
 
-def test_jinja_renderer_agrees_with_llama_cpp_on_chatml(smollm2):
+def chatml(msgs: list[dict[str, str]]) -> str:
+    """ChatML, written out: what SmolLM2's template must render (and llama.cpp's built-in ChatML writes)."""
+    return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in msgs) + "<|im_start|>assistant\n"
+
+
+def test_model_chat_template_renders_chatml(smollm2):
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
             {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}]
-    assert smollm2.apply_chat_template(msgs) == smollm2.apply_builtin_chat_template(msgs)
-    # without a system message SmolLM2's own template adds its default one; llama.cpp's does not
-    assert "You are a helpful AI assistant named SmolLM" in smollm2.apply_chat_template(msgs[1:])
+    assert smollm2.apply_chat_template(msgs) == chatml(msgs)
+    # without a system message SmolLM2's own template adds its default one
+    default = {"role": "system", "content": "You are a helpful AI assistant named SmolLM, trained by Hugging Face"}
+    assert smollm2.apply_chat_template(msgs[1:]) == chatml([default, *msgs[1:]])
     with pytest.raises(EdgeSpecError, match="failed: no tools here"):
         render_chat_template("{{ raise_exception('no tools here') }}", msgs)
     assert frame(smollm2, Request(messages=msgs[1:], system="Be brief.")).tokens == smollm2.tokenize(
-        smollm2.apply_builtin_chat_template(msgs), add_special=True, parse_special=True)
+        chatml(msgs), add_special=True, parse_special=True)
