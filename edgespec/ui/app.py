@@ -67,10 +67,22 @@ def start(app: gr.Blocks, host: str = "127.0.0.1", port: int | None = None, bloc
     return url
 
 
+def defaults_from_args(args: argparse.Namespace, target: str) -> Defaults:
+    """The controls' initial values from a command line's generation options (`python app.py`, and
+    `serve --ui`, which passes its loaded target), so the UI starts where the command line points."""
+    from edgespec.session import parse_ngram
+
+    return Defaults(
+        target=target, draft=args.draft, gamma=str(args.gamma), ngram=parse_ngram(args.ngram),
+        max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        min_p=args.min_p, seed=args.seed, system=args.system or Defaults.system,
+    )
+
+
 def launch(args: argparse.Namespace) -> int:
     """`python app.py`: open the UI at args.host:args.port with the command line's settings."""
     from edgespec.args import check_exposure, key_auth
-    from edgespec.session import parse_gamma, parse_ngram, runtime_options
+    from edgespec.session import parse_gamma, runtime_options
     from models import DEFAULT_TARGET, resolve
 
     # the same rule as `serve`: beyond loopback only with a key (here the login password)
@@ -80,11 +92,6 @@ def launch(args: argparse.Namespace) -> int:
     resolve(target)  # a bad --target, --gamma or --draft fails here, as one line, before a server starts
     parse_gamma(args.gamma)
     drafters.split_spec(args.draft)
-    defaults = Defaults(
-        target=target, draft=args.draft, gamma=str(args.gamma), ngram=parse_ngram(args.ngram),
-        max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-        min_p=args.min_p, seed=args.seed, system=args.system or Defaults.system,
-    )
-    app = build_app(runtime_options(args), defaults)
+    app = build_app(runtime_options(args), defaults_from_args(args, target))
     start(app, args.host, args.port, block=True, auth=key_auth(key) if key else None)
     return 0
