@@ -119,8 +119,9 @@ def test_models_health_and_ui(server):
 
 
 def test_chat_completion_with_stats_and_provenance(server):
-    r = chat(server, "Write a Python function that adds two numbers.", max_tokens=48, temperature=0,
-             extra_body=FIXED)
+    # a sentence to repeat: the n-gram drafter finds it in the prompt and must be accepted
+    r = chat(server, "Repeat this sentence exactly: The quick brown fox jumps over the lazy dog near the river bank.",
+             max_tokens=48, temperature=0, extra_body=FIXED)
     text = r.choices[0].message.content
     assert isinstance(text, str) and text.strip() and r.choices[0].finish_reason in ("stop", "length")
     t, prov = r.model_extra["timings"], r.model_extra["edgespec"]
@@ -136,7 +137,9 @@ def test_chat_completion_with_stats_and_provenance(server):
     assert set(prov["sources"]) <= {"draft", "target", "bonus"}
     for s, d in zip(prov["sources"], prov["drafters"], strict=True):
         assert (d == "ngram") if s == "draft" else (d == "")
-    assert prov["sources"].count("draft") <= t["draft_n_accepted"]
+    # speculation ran in the server: drafts were proposed, accepted, and shown as such
+    assert t["draft_n"] > 0 and t["draft_n_accepted"] > 0 and t["acceptance"] > 0
+    assert 0 < prov["sources"].count("draft") <= t["draft_n_accepted"]
 
 
 def test_streaming_matches_the_plain_response_and_carries_provenance(server):
