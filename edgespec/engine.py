@@ -1,6 +1,6 @@
 """The speculative step loop. Owns no UI and no I/O: it yields one `StepEvent` per target call.
 
-One step (Leviathan et al. 2023, Alg. 1):
+One step (Leviathan et al. 2023, Alg. 1; `Engine.step`):
     draft   = drafter.propose(context, gamma)             # d_1..d_k
     logits  = target.decode([x_last, d_1..d_k])           # one batched pass, rows [k+1, V]
     n, tok  = verify(logits, draft)                       # accepted prefix + correction/bonus
@@ -24,7 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from edgespec.costs import CostModel
-from edgespec.drafters import Draft, Drafter
+from edgespec.drafters import Draft, Drafter, Hint
 from edgespec.errors import EdgeSpecError
 from edgespec.runtime import Model, TextStream
 from edgespec.sampling import Noise, SamplingParams, verify_greedy, verify_match, verify_stochastic
@@ -43,7 +43,7 @@ class GammaPolicy(Protocol):
     def start(self, costs: CostModel | None) -> None:
         """A new generation, planned with `costs` (None: no cost model, e.g. no drafter)."""
 
-    def choose(self, hint: int | None) -> int:
+    def choose(self, hint: Hint) -> int:
         """Draft length for the next step; `hint` is the drafter's (Drafter.hint)."""
 
     def fit(self, available: int) -> int:
@@ -69,7 +69,7 @@ class FixedGamma:
     def start(self, costs: CostModel | None) -> None:
         self._costs = costs
 
-    def choose(self, hint: int | None) -> int:
+    def choose(self, hint: Hint) -> int:
         return self.gamma
 
     def fit(self, available: int) -> int:
@@ -141,6 +141,29 @@ class StepEvent:
         return len(self.tokens) + (self.finish_reason == "eog")
 
 
+@dataclass
+class Step:
+    """One step of Algorithm 1 as `Engine.step` ran it.
+
+    gamma: draft length asked for; draft: d_1..d_k (k <= gamma) and their q; logits: the target's
+    rows [k+1, V] for [x_last, d_1..d_k] (row i scores the token after d_1..d_i); n_accepted: the
+    accepted prefix; token: the token after it, the target's correction after a rejection or the
+    bonus (row k) when every draft was accepted; rows: the pass's batch size, `pad` padding rows
+    (GenerationConfig.min_batch_rows) included; seconds of the draft, target and verify phases.
+    """
+
+    gamma: int
+    draft: Draft
+    logits: np.ndarray
+    n_accepted: int
+    token: int
+    rows: int
+    pad: int
+    draft_s: float
+    target_s: float
+    verify_s: float
+
+
 class Engine:
     """Runs generations of one target with an optional drafter, a gamma policy and a cost model."""
 
@@ -154,6 +177,11 @@ class Engine:
     @property
     def drafter_name(self) -> str:
         return "none" if self.drafter is None else self.drafter.name
+
+    @property
+    def needs_hidden(self) -> bool:
+        """Whether verification must also return the target's hidden states (a learned drafter)."""
+        return self.drafter is not None and self.drafter.needs_hidden
 
     def generate(
         self,
@@ -175,7 +203,7 @@ class Engine:
         self.policy.start(self.costs)
         cap = self.costs.draft_cap if self.costs is not None else None
         noise = Noise(cfg.sampling.seed)
-        hidden = drafter is not None and drafter.needs_hidden
+        hidden = self.needs_hidden
         stats = Stats(prompt_tokens=len(prompt), target_bytes=target.info.size_bytes)
         stream = TextStream(target)
         context = [int(t) for t in prompt]
@@ -198,80 +226,34 @@ class Engine:
         step_end = t0 + stats.prefill_s
 
         while True:
-            if stop is not None and stop.is_set():
-                stats.wall_s = time.perf_counter() - t0
-                yield StepEvent([], [], [], [], 0, 0, 0, stats, "stopped")
-                return
             room = target.n_ctx - target.n_past - 1  # the batch [x_last, d_1..d_k] needs k+1 slots
-            if room < 0:
+            end = "stopped" if stop is not None and stop.is_set() else "context" if room < 0 else None
+            if end is not None:
                 stats.wall_s = time.perf_counter() - t0
-                yield StepEvent([], [], [], [], 0, 0, 0, stats, "context")
+                yield StepEvent([], [], [], [], 0, 0, 0, stats, end)
                 return
             remaining = cfg.max_tokens - stats.generated
-            gamma = 0
-            draft = Draft()
-            ts = time.perf_counter()
-            if drafter is not None:
-                gamma = max(0, min(self.policy.choose(drafter.hint(context)), remaining - 1, room))
-                if cap is not None:
-                    gamma = min(gamma, cap)
-                if gamma > 0:
-                    draft = drafter.propose(context, gamma)
-                    if 0 < len(draft) < gamma:
-                        draft = draft.head(self.policy.fit(len(draft)))
-            td = time.perf_counter()
-            k = len(draft)
-
-            batch = [context[-1], *draft.tokens.tolist()]
-            pad = 0
-            if len(batch) < cfg.min_batch_rows:
-                pad = min(cfg.min_batch_rows - len(batch), target.n_past)
-                target.truncate(target.n_past - pad)
-                batch = context[len(context) - 1 - pad : -1] + batch
-            n_past0 = target.n_past + pad
-            if hidden:  # every row is an output then (runtime.decode), so drop the padding's rows
-                logits = target.decode(batch, n_logits=len(batch), hidden=True)[pad:]
-            else:
-                logits = target.decode(batch, n_logits=k + 1)
-            tt = time.perf_counter()
-            if cfg.sampling.greedy:
-                n_acc, nxt = verify_greedy(logits, draft.tokens)
-            elif cfg.verifier == "match":
-                n_acc, nxt = verify_match(logits, draft.tokens, cfg.sampling, noise.at(len(context)))
-            else:
-                n_acc, nxt = verify_stochastic(logits, draft.tokens, draft.probs, cfg.sampling, noise.at(len(context)))
-            target.truncate(n_past0 + 1 + n_acc)  # keep x_last and the accepted drafts
-            tv = time.perf_counter()
-
-            stats.draft_s += td - ts
-            stats.target_s += tt - td
-            stats.verify_s += tv - tt
-            stats.pass_s.setdefault(len(batch), []).append(tt - td)
+            limit = min(remaining - 1, room) if cap is None else min(remaining - 1, room, cap)
+            s = self.step(context, limit, cfg, noise)
+            k, n_acc = len(s.draft), s.n_accepted
+            stats.draft_s += s.draft_s
+            stats.target_s += s.target_s
+            stats.verify_s += s.verify_s
+            stats.pass_s.setdefault(s.rows, []).append(s.target_s)
             self.policy.observe(k, n_acc)
 
-            new = draft.tokens[:n_acc].tolist() + [nxt]
-            sources = [DRAFT] * n_acc + [BONUS if (k and n_acc == k) else TARGET]
-            by = ([draft.source or drafter.name] * n_acc if n_acc else []) + [""]
-            finish = None
-            if cfg.stop_at_eog:
-                for i, tok in enumerate(new):
-                    if target.is_eog(tok):  # it ends the reply; what the step verified after it does not count
-                        new, sources, by, finish = new[:i], sources[:i], by[:i], "eog"
-                        break
-            if len(new) >= remaining:
-                new, sources, by = new[:remaining], sources[:remaining], by[:remaining]
-                finish = finish or "length"
+            new, sources, by, finish = self._shown(s, remaining, cfg.stop_at_eog)
             stats.record_step(k, n_acc, len(new), finish == "eog", finish is not None)
             context.extend(new)
             if drafter is not None:
                 if hidden and finish is None:
-                    drafter.observe_hidden(target.last_hidden[pad + n_acc])
+                    drafter.observe_hidden(target.last_hidden[s.pad + n_acc])
                 drafter.commit(context, n_acc)
             pieces = [stream.push(t) for t in new]
             if finish is not None and pieces:
                 pieces[-1] += stream.flush()
             now = time.perf_counter()
-            if len(batch) == 1:
+            if s.rows == 1:
                 # the whole plain step, as tokens/s sees it: the pass, the engine's work around it
                 # and the consumer's time since the last event
                 stats.record_plain_pass(now - step_end)
@@ -279,9 +261,79 @@ class Engine:
             if stats.ttft_s is None and new:
                 stats.ttft_s = now - t0
             stats.wall_s = now - t0
-            yield StepEvent(new, sources, pieces, by, gamma, k, n_acc, stats, finish)
+            yield StepEvent(new, sources, pieces, by, s.gamma, k, n_acc, stats, finish)
             if finish is not None:
                 return
+
+    def step(self, context: list[int], limit: int, cfg: GenerationConfig, noise: Noise) -> Step:
+        """One step of Algorithm 1 from `context` (prompt + committed tokens; the target's cache
+        holds all of it but the last token, x_last): draft at most `limit` tokens, score them in one
+        target pass, accept a prefix and sample the token after it. On return the cache holds x_last
+        and the accepted drafts; committing the tokens is the caller's (`generate`)."""
+        t0 = time.perf_counter()
+        gamma, draft = self._draft(context, limit)  # d_1..d_k ~ q_1..q_k, k <= gamma
+        t1 = time.perf_counter()
+        n_past = self.target.n_past
+        batch, pad = self._batch(context, draft, cfg.min_batch_rows)  # [x_last, d_1..d_k]
+        logits = self._score(batch, pad, len(draft))  # p_1..p_{k+1} in parallel: [k+1, V]
+        t2 = time.perf_counter()
+        if cfg.sampling.greedy:  # accepted prefix n, then the correction (n < k) or bonus (n = k)
+            n, token = verify_greedy(logits, draft.tokens)
+        elif cfg.verifier == "match":
+            n, token = verify_match(logits, draft.tokens, cfg.sampling, noise.at(len(context)))
+        else:  # r < min(1, p/q) per draft; a rejection resamples from norm(max(0, p - q))
+            n, token = verify_stochastic(logits, draft.tokens, draft.probs, cfg.sampling, noise.at(len(context)))
+        self.target.truncate(n_past + 1 + n)  # drop the rejected drafts from the KV cache
+        return Step(gamma, draft, logits, n, token, len(batch), pad, t1 - t0, t2 - t1, time.perf_counter() - t2)
+
+    def _draft(self, context: list[int], limit: int) -> tuple[int, Draft]:
+        """The draft length the policy chooses (0 to `limit`) and the drafter's proposal, cut to
+        what the policy wants verified when the drafter offered fewer tokens than asked."""
+        drafter = self.drafter
+        if drafter is None:
+            return 0, Draft()
+        gamma = max(0, min(self.policy.choose(drafter.hint(context)), limit))
+        if gamma == 0:
+            return 0, Draft()
+        draft = drafter.propose(context, gamma)
+        if 0 < len(draft) < gamma:
+            draft = draft.head(self.policy.fit(len(draft)))
+        return gamma, draft
+
+    def _batch(self, context: list[int], draft: Draft, min_rows: int) -> tuple[list[int], int]:
+        """The rows of the verification pass, [x_last, d_1..d_k], and how many committed tokens
+        precede them as padding (GenerationConfig.min_batch_rows: they are rolled out of the cache
+        and decoded again, so that a plain step runs on the batched kernel path; tests)."""
+        batch = [context[-1], *draft.tokens.tolist()]
+        if len(batch) >= min_rows:
+            return batch, 0
+        pad = min(min_rows - len(batch), self.target.n_past)
+        self.target.truncate(self.target.n_past - pad)
+        return context[len(context) - 1 - pad : -1] + batch, pad
+
+    def _score(self, batch: list[int], pad: int, k: int) -> np.ndarray:
+        """The target's logits rows [k+1, V] for a batch [padding, x_last, d_1..d_k]."""
+        if self.needs_hidden:  # every row is an output then (runtime.decode), so drop the padding's rows
+            return self.target.decode(batch, n_logits=len(batch), hidden=True)[pad:]
+        return self.target.decode(batch, n_logits=k + 1)
+
+    def _shown(self, s: Step, remaining: int, stop_at_eog: bool) -> tuple[list[int], list[str], list[str], str | None]:
+        """A step's tokens as the generation keeps them, with their sources and drafters (StepEvent)
+        and the finish reason: up to an end-of-generation token, at most `remaining`."""
+        n, k = s.n_accepted, len(s.draft)
+        new = s.draft.tokens[:n].tolist() + [s.token]
+        sources = [DRAFT] * n + [BONUS if (k and n == k) else TARGET]
+        by = ([s.draft.source or self.drafter.name] * n if n else []) + [""]
+        finish = None
+        if stop_at_eog:
+            for i, tok in enumerate(new):
+                if self.target.is_eog(tok):  # it ends the reply; what the step verified after it does not count
+                    new, sources, by, finish = new[:i], sources[:i], by[:i], "eog"
+                    break
+        if len(new) >= remaining:
+            new, sources, by = new[:remaining], sources[:remaining], by[:remaining]
+            finish = finish or "length"
+        return new, sources, by, finish
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
