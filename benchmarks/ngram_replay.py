@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 
 from edgespec.adaptive import AutoGamma, size_class
 from edgespec.costs import CostModel
+from edgespec.drafters import Hint
 from edgespec.drafters.ngram import NgramDrafter
 from edgespec.firstrun import cache_dir
 from edgespec.loader import RuntimeOptions
@@ -94,7 +95,7 @@ def chain_table(rows: list[dict]) -> dict[int, list[list[int]]]:
         ctx = list(r["prompt"])
         out = r["out"]
         for t, tok in enumerate(out):
-            h = d.hint(ctx)
+            h = d.match_size(ctx)
             if h:
                 prop = d.propose(ctx, J_MAX).tokens.tolist()
                 truth = out[t : t + J_MAX]
@@ -175,7 +176,7 @@ def second_candidates(rows: list[dict], costs: CostModel, lengths: Sequence[int]
             at = ctx + draft[:n_acc]
             d = NgramDrafter()
             d.begin(at)
-            alt = alternative(at, d.hint(at), draft[n_acc], m)
+            alt = alternative(at, d.match_size(at), draft[n_acc], m)
             truth = row["out"][len(at) - len(row["prompt"]) :]
             stats["offered"] += bool(alt)
             got = accepted_prefix(alt, truth)
@@ -201,8 +202,8 @@ class Fixed:
     def start(self, costs: CostModel | None) -> None:
         pass
 
-    def choose(self, hint: int | None) -> int:
-        return self.gamma if hint else 0
+    def choose(self, hint: Hint) -> int:
+        return self.gamma if hint.size else 0
 
     def fit(self, available: int) -> int:
         return available

@@ -126,8 +126,8 @@ class AutoGamma:
     # ------------------------------------------------------------------ estimates
     @staticmethod
     def _is_match(key: tuple) -> bool:
-        """Whether `key` is an n-gram match of a known size (acceptance read by size along the draft)."""
-        return key[0] == "hint" and key[1] in ("", "ngram") and bool(key[2])
+        """Whether `key` is a copy from a match of a known size (acceptance read by size along the draft)."""
+        return key[0] == "match"
 
     def _size_alpha(self, source: str, size: int) -> float:
         cls = size_class(size)
@@ -156,20 +156,19 @@ class AutoGamma:
         return (1.0 + succ) / (2.0 + trials)
 
     # ------------------------------------------------------------------ policy
-    def choose(self, hint: int | Hint | None) -> int:
-        """Draft length for the next step; `hint` is what the drafter knows before drafting (the
-        n-gram drafter's matched size, 0 when it has nothing to propose), None, or a `Hint` naming
-        the source that will propose and its cost c (a combined drafter: alpha is kept per source)."""
-        source, c, alpha_max = "", None, 0.95
+    def choose(self, hint: Hint) -> int:
+        """Draft length for the next step; `hint` is what the drafter knows before drafting: the
+        size of a copying drafter's match (acceptance kept per size), nothing to propose (size 0),
+        the source that will propose (alpha kept per source) and its cost c, or nothing (Hint())."""
         costs = self.costs
-        if isinstance(hint, Hint):
-            if hint.draft_cost_s is not None and costs is not None:
-                c = hint.draft_cost_s / costs.seconds(1)
-            if hint.alpha_max is not None:
-                alpha_max = hint.alpha_max
-            source, hint = hint.source, hint.size
-        self._key = ("hint", source, hint) if hint is not None else ("state", source, self._state)
-        if costs is None or hint == 0:
+        c = None if hint.draft_cost_s is None or costs is None else hint.draft_cost_s / costs.seconds(1)
+        alpha_max = 0.95 if hint.alpha_max is None else hint.alpha_max
+        source, size = hint.source, hint.size
+        if size is None:
+            self._key = ("state", source, self._state)
+        else:
+            self._key = ("match" if hint.copies and size else "hint", source, size)
+        if costs is None or size == 0:
             g = 0  # no costs known (plain decoding is the safe choice), or nothing to draft
         else:
             plan = self._plans.get((self._key, c))
@@ -179,14 +178,14 @@ class AutoGamma:
             self.last_predicted = s
             if s < self.margin:
                 g = 0
-            probe_here = hint is None or hint >= self.probe_min_hint
+            probe_here = size is None or size >= self.probe_min_hint
             if g == 0 and probe_here and self._since_draft >= self._probe_interval and self._could_pay(costs, c, alpha_max):
                 g = self.probe_gamma if costs.draft_cap is None else min(self.probe_gamma, costs.draft_cap)
                 self._probing = g > 0
         self.last_choice = g
         self._steps += 1
         self._steps_plain += g == 0
-        self._steps_nothing += hint == 0
+        self._steps_nothing += size == 0
         return g
 
     def fit(self, available: int) -> int:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edgespec.drafters import Draft, DraftContext, register
+from edgespec.drafters import Draft, DraftContext, Hint, register
 from edgespec.sampling import SamplingParams
 
 
@@ -23,8 +23,8 @@ class RepeatDrafter:
     def begin(self, prompt: Sequence[int], sampling: SamplingParams) -> None:
         self._last = int(prompt[-1]) if len(prompt) else None
 
-    def hint(self, context: Sequence[int]) -> int | None:
-        return None  # nothing cheap to tell
+    def hint(self, context: Sequence[int]) -> Hint:
+        return Hint()  # nothing cheap to tell
 
     def propose(self, context: Sequence[int], gamma: int) -> Draft:
         if gamma <= 0 or not len(context):

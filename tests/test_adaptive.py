@@ -12,11 +12,17 @@ from edgespec import backend
 from edgespec import costs as costs_mod
 from edgespec.adaptive import AutoGamma
 from edgespec.costs import PROBE_TEXT, CostModel, profile, profile_dir
+from edgespec.drafters import Hint
 
 
 def costs(per_row: float, c: float = 0.0, max_rows: int | None = None) -> CostModel:
     """T(K) = 10 ms * (1 + per_row * (K - 1)) at the row counts a profile stores."""
     return CostModel({k: 0.01 * (1 + per_row * (k - 1)) for k in (1, 2, 3, 5, 9, 17)}, c, max_rows)
+
+
+def match(size: int) -> Hint:
+    """The n-gram drafter's hint: its proposal copies on from a match of `size` tokens."""
+    return Hint(size, copies=True)
 
 
 def auto(cm: CostModel) -> AutoGamma:
@@ -30,7 +36,7 @@ def feed(policy: AutoGamma, steps: int, alpha_hits: float) -> list[int]:
     chosen = []
     hits = 0.0
     for _ in range(steps):
-        k = policy.choose(None)
+        k = policy.choose(Hint())
         chosen.append(k)
         n_acc = 0
         for _ in range(k):
@@ -67,7 +73,7 @@ def test_cheap_verification_and_good_drafts_speculate_long():
 def test_adapts_when_the_text_changes():
     policy = auto(costs(0.2))
     feed(policy, 100, 0.97)
-    assert policy.choose(None) > 4
+    assert policy.choose(Hint()) > 4
     chosen = feed(policy, 100, 0.05)
     assert sum(k == 0 for k in chosen[-60:]) >= 50
 
@@ -78,18 +84,18 @@ def test_acceptance_is_kept_per_hint_and_probes_need_a_long_match():
     policy = auto(costs(0.5))
     for step in range(300):
         hint = 16 if step % 2 else 1
-        k = policy.choose(hint)
+        k = policy.choose(match(hint))
         if hint == 1 and step > 100:
             assert k == 0
         policy.observe(k, k if hint == 16 else 0)
-    assert policy.choose(16) >= 8 and policy.choose(1) == 0
+    assert policy.choose(match(16)) >= 8 and policy.choose(match(1)) == 0
 
 
 def test_a_new_generation_starts_from_the_prior():
     policy = auto(costs(0.2))
     feed(policy, 100, 0.97)
     policy.start(costs(0.2))
-    assert policy.alpha_overall == 0.5 and policy.choose(None) == auto(costs(0.2)).choose(None)
+    assert policy.alpha_overall == 0.5 and policy.choose(Hint()) == auto(costs(0.2)).choose(Hint())
 
 
 def test_a_draft_that_costs_as_much_as_the_target_is_not_used():
@@ -98,7 +104,7 @@ def test_a_draft_that_costs_as_much_as_the_target_is_not_used():
     policy = auto(costs(0.3, c=0.9))
     chosen = []
     for _ in range(200):
-        k = policy.choose(None)
+        k = policy.choose(Hint())
         chosen.append(k)
         policy.observe(k, k)
     assert sum(chosen) == 0
@@ -212,14 +218,14 @@ def test_a_long_match_is_drafted_at_once_where_verification_is_dear():
     dropped."""
     cm = CostModel({1: 0.0155, 2: 0.026, 4: 0.034, 8: 0.052, 9: 0.073, 16: 0.091, 17: 0.112})
     policy = auto(cm)
-    first = policy.choose(16)
+    first = policy.choose(match(16))
     assert first >= 7 and cm.t_ratio(first + 1) < cm.t_ratio(first + 2)  # stops where rows get dear
     policy.observe(first, first)
-    assert policy.choose(1) == 0
+    assert policy.choose(match(1)) == 0
     failing = auto(cm)
     chosen = []
     for _ in range(40):
-        chosen.append(failing.choose(16))
+        chosen.append(failing.choose(match(16)))
         failing.observe(chosen[-1], 0)
     assert chosen[0] >= 7 and sum(k > 0 for k in chosen[-20:]) <= 3  # only the odd probe
 
@@ -242,7 +248,7 @@ def test_each_bundled_target_starts_from_its_own_table_and_others_from_the_lowes
     first = {}
     for name in ("gemma-3-270m-q4_k_m.gguf", "SmolLM2-135M-Instruct.Q4_1.gguf", "other.gguf"):
         cm.target_file = name
-        first[name] = auto(cm).choose(6)
+        first[name] = auto(cm).choose(match(6))
     # Gemma copies better than SmolLM2: its first 6-token match is drafted longer
     assert first["gemma-3-270m-q4_k_m.gguf"] > first["SmolLM2-135M-Instruct.Q4_1.gguf"] == first["other.gguf"]
 
@@ -275,11 +281,11 @@ def test_a_short_match_that_keeps_copying_is_drafted_longer():
     in full a few times, the next 4-token match is drafted past its first few tokens."""
     cm = CostModel({1: 0.0155, 2: 0.026, 4: 0.034, 8: 0.052, 9: 0.073, 16: 0.091, 17: 0.112})
     policy = auto(cm)
-    first = policy.choose(4)
+    first = policy.choose(match(4))
     for _ in range(6):
-        k = policy.choose(4) or 3
+        k = policy.choose(match(4)) or 3
         policy.observe(k, k)
-    assert policy.choose(4) >= 7 and policy.choose(4) > first
+    assert policy.choose(match(4)) >= 7 and policy.choose(match(4)) > first
 
 
 def test_profile_passes_run_after_real_context(smollm2_path):
@@ -320,7 +326,7 @@ QWEN15_MS = {1: 61, 2: 100, 3: 118, 4: 112, 5: 150, 8: 200, 9: 215, 16: 250, 17:
 
 def test_costly_draft_model_is_declined_and_says_why_before_drafting():
     policy = auto(CostModel({k: ms / 1000 for k, ms in QWEN15_MS.items()}, c=0.56))
-    chosen = [policy.choose(None) for _ in range(40)]
+    chosen = [policy.choose(Hint()) for _ in range(40)]
     for k in chosen:
         policy.observe(k, 0)
     assert chosen == [0] * 40  # even 95% acceptance cannot pay at c = 0.56
@@ -347,7 +353,7 @@ def test_poor_measured_acceptance_is_reported_with_its_evidence():
 def test_nothing_to_draft_is_named_as_such():
     policy = auto(costs(0.3))
     for _ in range(30):
-        policy.observe(policy.choose(0), 0)
+        policy.observe(policy.choose(Hint.nothing()), 0)
     assert policy.fallback_note().endswith("the drafter had nothing to propose on 30 (no match in the context)")
 
 

@@ -31,6 +31,10 @@ NGRAM_SIZES = (1, 16)  # the n-gram drafter's default (smallest, largest) match 
 DRAFTER_MODULES = ("edgespec.drafters.ngram", "edgespec.drafters.model", "edgespec.drafters.onnx",
                    "edgespec.drafters.combined")
 
+# The source a learned drafter names on its drafts and hints (Draft.source, Hint.source): token
+# provenance shows it, so a combined run's two sources can be told apart.
+LEARNED = "learned"
+
 
 @dataclass
 class Draft:
@@ -55,16 +59,31 @@ class Draft:
 
 @dataclass(frozen=True)
 class Hint:
-    """What a drafter that combines sources knows before drafting: which source will propose
-    (gamma auto keeps alpha per source and size) and that source's seconds per draft token (the
-    cost model turns it into c). A plain int hint is Hint(size) with the drafter's own cost."""
+    """What a drafter knows cheaply before drafting (`Drafter.hint`), for gamma auto to keep
+    acceptance per context. Every drafter returns one; what differs between drafters is said here.
 
-    size: int | None  # 0 = nothing to propose; a positive size class; None = cannot tell
+    size: 0 = nothing to propose (`Hint.nothing`); a positive size class (for a copying drafter,
+    the length of the n-gram its proposal continues); None = cannot tell.
+    source: which source will propose, for a drafter that combines several ('' = the drafter);
+    gamma auto keeps acceptance per source.
+    draft_cost_s: that source's seconds per draft token (the cost model turns it into c); None =
+    the drafter's own cost, as the cost model has it.
+    alpha_max: the best acceptance this source can be expected to reach (a learned drafter's
+    held-out figure): gamma auto does not probe where even that would not pay on this machine.
+    copies: the proposal copies on from a matched span of the context (n-gram lookup), so draft
+    token j continues a match of size + j - 1 and acceptance is read per size along the draft.
+    """
+
+    size: int | None = None
     source: str = ""
     draft_cost_s: float | None = None
-    # The best acceptance this source can be expected to reach (a learned drafter's held-out
-    # figure): gamma auto does not probe where even that would not pay on this machine.
     alpha_max: float | None = None
+    copies: bool = False
+
+    @classmethod
+    def nothing(cls, source: str = "") -> Hint:
+        """The drafter has nothing to propose at this context (gamma 0 without planning)."""
+        return cls(0, source)
 
 
 class Drafter(Protocol):
@@ -82,10 +101,10 @@ class Drafter(Protocol):
         """A new generation starts from `prompt`, sampled with `sampling` (drafters that sample
         must use the same settings so that q is processed like p)."""
 
-    def hint(self, context: Sequence[int]) -> int | Hint | None:
+    def hint(self, context: Sequence[int]) -> Hint:
         """What the drafter knows cheaply about its next proposal, for gamma auto to keep
-        acceptance per context: 0 = nothing to propose, a positive size class (the n-gram drafter's
-        matched length), None when it cannot tell, or a `Hint` naming the source that will propose."""
+        acceptance per context: `Hint()` when it cannot tell, `Hint.nothing()` when it has nothing
+        to propose, else a size class, the source that will propose, its cost (see `Hint`)."""
 
     def observe_hidden(self, hidden: np.ndarray) -> None:
         """Only if needs_hidden: the target's final hidden state [n_embd] at the position that

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edgespec.drafters import Draft, DraftContext, Hint, register
+from edgespec.drafters import LEARNED, Draft, DraftContext, Hint, register
 from edgespec.drafters.ngram import NgramDrafter
 from edgespec.drafters.onnx import LearnedDrafter
 from edgespec.learned_format import resolve
@@ -31,25 +31,25 @@ class CombinedDrafter:
         self.learned.begin(prompt, sampling)
 
     def _source(self, context: Sequence[int]) -> tuple[str, int]:
-        n = self.ngram.hint(context)
+        n = self.ngram.match_size(context)
         if n >= self.long_match or (n > 0 and not self.learned.ready(context)):
             return "ngram", n
-        return ("learned", -1) if self.learned.ready(context) else ("none", 0)
+        return (LEARNED, -1) if self.learned.ready(context) else ("none", 0)
 
     def hint(self, context: Sequence[int]) -> Hint:
         src, n = self._source(context)
         if src == "ngram":
-            return Hint(n, "ngram", 0.0)
-        if src == "learned":
+            return Hint(n, "ngram", 0.0, copies=True)
+        if src == LEARNED:
             return self.learned.hint(context)
-        return Hint(0, "none")
+        return Hint.nothing("none")
 
     def propose(self, context: Sequence[int], gamma: int) -> Draft:
         src, _ = self._source(context)
         if src == "ngram":
             d = self.ngram.propose(context, gamma)
             return Draft(d.tokens, d.probs, "ngram")
-        if src == "learned":
+        if src == LEARNED:
             return self.learned.propose(context, gamma)
         return Draft()
 

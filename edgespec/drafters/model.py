@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from edgespec import costs
-from edgespec.drafters import Draft, DraftContext, register
+from edgespec.drafters import Draft, DraftContext, Hint, register
 from edgespec.loader import load_model
 from edgespec.pairing import check_compatible, size_warning
 from edgespec.runtime import Model
@@ -69,8 +69,8 @@ class ModelDrafter:
         """Keep the longest cached prefix that matches `context`, leaving its last token uncached."""
         self.draft.reuse(context[: len(context) - 1], start=self._committed)
 
-    def hint(self, context: Sequence[int]) -> int | None:
-        return None  # nothing cheap to tell before drafting
+    def hint(self, context: Sequence[int]) -> Hint:
+        return Hint()  # nothing cheap to tell before drafting
 
     def commit(self, context: Sequence[int], n_accepted: int) -> None:
         self._sync(context)

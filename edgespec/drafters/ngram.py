@@ -5,7 +5,8 @@ summarising, RAG) copy long spans of their input, which this catches at almost n
 n runs over a ladder of sizes (every size up to 4, then 6, 8, 12, 16, ...), so the size that
 matched also says how far the text is into a copied span: on Spec-Bench and code-edit prompts a
 match of 16 tokens is followed by an accepted next token 98-99% of the time, a 1-token match 20-28%
-of the time. `hint` reports it so gamma auto can keep acceptance per match size.
+of the time. `hint` reports it (a copying Hint of that size) so gamma auto can keep acceptance per
+match size.
 
 The index is incremental: each committed token adds one entry per size, so a step costs
 O(number of sizes) dictionary work however long the context is (no rescans of the whole context).
@@ -17,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edgespec.drafters import NGRAM_SIZES, Draft, DraftContext, register
+from edgespec.drafters import NGRAM_SIZES, Draft, DraftContext, Hint, register
 from edgespec.errors import EdgeSpecError
 from edgespec.sampling import SamplingParams
 
@@ -32,6 +33,8 @@ class NgramDrafter:
         self.n_min = n_min
         self.n_max = n_max
         self.sizes = ngram_sizes(n_min, n_max)
+        # One hint per possible match size, made once: `hint` runs every step.
+        self._hints = {0: Hint.nothing(), **{n: Hint(n, copies=True) for n in self.sizes}}
         self._tokens: list[int] = []
         # (n-gram) -> position right after its latest occurrence, for occurrences that end before
         # the last committed token (so the continuation is at least one known token).
@@ -80,8 +83,12 @@ class NgramDrafter:
                     return n, pos
         return 0, 0
 
-    def hint(self, context: Sequence[int]) -> int:
-        """Size of the n-gram the next proposal would copy from (0: nothing to propose)."""
+    def hint(self, context: Sequence[int]) -> Hint:
+        """The next proposal copies on from a match of `size` tokens (0: nothing to propose)."""
+        return self._hints[self._lookup(context)[0]]
+
+    def match_size(self, context: Sequence[int]) -> int:
+        """Size of the n-gram the next proposal would copy from (0: no match)."""
         return self._lookup(context)[0]
 
     def propose(self, context: Sequence[int], gamma: int) -> Draft:

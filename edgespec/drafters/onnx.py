@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgespec.drafters import Draft, DraftContext, Hint, register
+from edgespec.drafters import LEARNED, Draft, DraftContext, Hint, register
 from edgespec.errors import EdgeSpecError, one_line
 from edgespec.gguf_tensors import TargetTensors
 from edgespec.learned_format import EMBEDDING, FEATURE, INPUTS, LOGITS, MANIFEST, NEXT_FEATURE, Manifest, resolve
@@ -93,7 +93,7 @@ class LearnedDrafter:
             raise EdgeSpecError(f"{folder / MANIFEST}: vocab_subset has ids outside the target's vocabulary")
         self.tensors = TargetTensors(target.path)
         self.name = f"learned:{folder.name}@{self.provider.replace('ExecutionProvider', '')}"
-        self.source = "learned"
+        self.source = LEARNED
         self._sampling = SamplingParams()
         self._noise = Noise(None)
         self._feature: np.ndarray | None = None
@@ -112,7 +112,7 @@ class LearnedDrafter:
 
     def hint(self, context: Sequence[int]) -> Hint:
         if not self.ready(context):
-            return Hint(0, self.source)
+            return Hint.nothing(self.source)
         return Hint(None, self.source, self.draft_cost_s(), self.alpha_max)
 
     def ready(self, context: Sequence[int]) -> bool:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
+from edgespec.drafters import LEARNED
 from edgespec.errors import one_line
 from edgespec.pool import ModelPool
 from edgespec.session import Reply, Request
@@ -49,12 +50,12 @@ class Tracker:
 
     @property
     def segments(self) -> list[tuple[str, str]]:
-        """(text piece, source) per token; an accepted draft of the learned drafter shows as
-        'learned', so the two drafters of a combined run get their own colours."""
+        """(text piece, source) per token; an accepted draft from the learned source shows as
+        'learned', so the two sources of a combined run get their own colours."""
         r = self.reply
         if r is None:
             return []
-        return [(p, "learned" if s == "draft" and b.startswith("learned") else s)
+        return [(p, LEARNED if s == "draft" and b == LEARNED else s)
                 for p, s, b in zip(r.pieces, r.sources, r.drafted_by, strict=True)]
 
     @property
