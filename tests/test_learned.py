@@ -25,6 +25,13 @@ from edgespec.session import Reply
 from tests.conftest import run_app
 
 BUDGET_MIN = 0.75
+# Held-out top-1 agreement the fixture's drafter must reach (held out: one generated answer of
+# ~130 tokens). Measured with this fixture's command on the shared 2-core machine: 31% (604 tokens
+# collected, 59 steps), 3.7% (469 tokens collected, 17 and 128 steps: what the budget collects
+# under load matters more than the steps); with --lr 0 (an untrained drafter, 26 steps) 0.0%.
+# Lossless verification hides an untrained drafter everywhere else (its drafts are only rejected),
+# so this is the check that training trained.
+MIN_TOP1 = 0.015
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +60,7 @@ def test_distill_writes_a_checked_onnx_drafter_and_manifest(drafter_dir, smollm2
     assert tr["steps"] > 0 and tr["tokens"] > 0 and tr["held_out_ids"]
     trained = set(tr["corpus_ids"]) | set(tr["generated_ids"])
     assert trained and not trained & set(tr["held_out_ids"])  # never trains on held-out prompts
-    assert "top1_agreement" in m["heldout"]
+    assert m["heldout"]["tokens"] > 0 and m["heldout"]["top1_agreement"] >= MIN_TOP1, m["heldout"]
     assert not list(drafter_dir.parent.glob(".*part-*"))  # no temporary folder left behind
 
 
