@@ -34,14 +34,15 @@ def add_runtime_args(ap: argparse.ArgumentParser) -> None:
 
 
 def add_generation_args(ap: argparse.ArgumentParser) -> None:
-    from edgespec.drafters import kinds
+    from edgespec.drafters import NGRAM_SIZES, kinds
     from edgespec.session import FRAMINGS
 
     names = " | ".join(["none", *kinds()])
     ap.add_argument("--target", default=None, help="target model: .gguf path or name (default smollm2-135m)")
     ap.add_argument("--draft", default="ngram", help=f"{names}[:ARG] | a draft model path or name (default ngram)")
     ap.add_argument("--gamma", default="auto", help="draft length per step: a number, or auto (default)")
-    ap.add_argument("--ngram", default="1,16", help="n-gram sizes for the ngram drafter as MIN,MAX (default 1,16)")
+    lo, hi = NGRAM_SIZES
+    ap.add_argument("--ngram", default=f"{lo},{hi}", help=f"n-gram sizes for the ngram drafter as MIN,MAX (default {lo},{hi})")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     ap.add_argument("--top-k", type=int, default=0)
