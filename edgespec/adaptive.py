@@ -120,6 +120,7 @@ class AutoGamma:
         self._steps_plain = 0
         self._steps_nothing = 0  # steps whose drafter had nothing to propose (hint 0)
         self._tested = 0  # draft tokens verified (accepted + first rejections): alpha's evidence
+        self._drafting_tokens = 0  # tokens the steps that drafted produced (accepted + correction/bonus)
         self._probe_interval = self.probe_every
         self._probing = False
 
@@ -220,6 +221,7 @@ class AutoGamma:
         if k > 0:
             self._plans.clear()
             self._tested += n_accepted + (1 if n_accepted < k else 0)
+            self._drafting_tokens += n_accepted + 1
             key = self._key
             if self._is_match(key):
                 # Token j of the draft was a trial at size class(size + j - 1); the first
@@ -244,10 +246,13 @@ class AutoGamma:
         trials[key] = d * trials.get(key, PRIOR_WEIGHT) + n
 
     def decline(self) -> dict | None:
-        """Why gamma auto ran plain decoding on at least half the steps, from the one cost model:
+        """Why gamma auto ran plain decoding for most of the text (plain steps made at least as many
+        tokens as the steps that drafted), from the one cost model:
         the acceptance it measured (or, when it never drafted, the best it assumed reachable), the
         drafter's cost c, and the best speedup those give on this machine's T(K). None otherwise."""
-        if self.costs is None or self._steps == 0 or self._steps_plain * 2 < self._steps:
+        # Plain steps make one token each: they gave most of the text when they outnumber the tokens
+        # of the steps that drafted (a few long accepted copies are speculation that ran, not a decline).
+        if self.costs is None or self._steps == 0 or self._steps_plain < self._drafting_tokens:
             return None
         measured = self._tested > 0
         alpha = self.alpha_overall if measured else 0.95
@@ -271,8 +276,12 @@ class AutoGamma:
                  else f"even at alpha {d['alpha']:.2f} (not measured: probing could not pay)")
         best = (f"best {d['best_speedup']:.2f}x here (gamma {d['best_gamma']})" if d["best_gamma"]
                 else "no draft length can be verified here")
-        return (f"{head}: {alpha}, draft cost c {d['c']:.2f} of a target pass, T(2)/T(1) {d['t_ratio_2']:.2f}: "
-                f"{best}, needs {d['needs']:.2f}x; declined")
+        figures = f"{alpha}, draft cost c {d['c']:.2f} of a target pass, T(2)/T(1) {d['t_ratio_2']:.2f}: {best}"
+        if d["alpha_measured"] and d["best_speedup"] >= d["needs"]:
+            # drafting pays on average, but the estimate for what the drafter offered on those steps
+            # (a short match, an uncertain state) did not
+            return f"{head}: {figures}, yet the proposals of those steps were estimated below {d['needs']:.2f}x; declined there"
+        return f"{head}: {figures}, needs {d['needs']:.2f}x; declined"
 
     def _t_ratio(self, rows: int) -> float:
         return float(rows) if self.costs is None else self.costs.t_ratio(rows)

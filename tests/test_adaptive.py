@@ -357,6 +357,43 @@ def test_nothing_to_draft_is_named_as_such():
     assert policy.fallback_note().endswith("the drafter had nothing to propose on 30 (no match in the context)")
 
 
+def test_a_few_long_copies_that_made_most_of_the_text_are_not_a_decline():
+    """Plain steps on the text between copies are most of the steps but few of the tokens: two
+    accepted 16-token copies (34 tokens) against 8 steps with nothing to copy is speculation that ran."""
+    policy = auto(costs(0.1))
+    for _ in range(4):
+        policy.observe(policy.choose(Hint.nothing()), 0)
+    for _ in range(2):
+        k = policy.choose(match(16))
+        assert k == 16
+        policy.observe(k, k)
+    for _ in range(4):
+        policy.observe(policy.choose(Hint.nothing()), 0)
+    assert policy.decline() is None and policy.fallback_note() is None
+    for _ in range(26):  # now plain steps made as many tokens (34) as the copies
+        policy.observe(policy.choose(Hint.nothing()), 0)
+    assert policy.fallback_note().endswith("the drafter had nothing to propose on 34 (no match in the context)")
+
+
+def test_a_decline_where_drafting_pays_on_average_names_the_steps_estimate():
+    """Long copies were accepted (alpha high, drafting pays at that alpha), but most of the text came
+    from steps whose proposals (1-token matches) were estimated not to pay: the line must not claim
+    the measured alpha was too low."""
+    policy = auto(costs(0.5))
+    for _ in range(2):
+        k = policy.choose(match(16))
+        assert k > 0
+        policy.observe(k, k)
+    for _ in range(60):
+        assert policy.choose(match(1)) == 0  # a 1-token match is estimated not to pay here
+        policy.observe(0, 0)
+    d = policy.decline()
+    assert d is not None and d["alpha_measured"] and d["best_speedup"] >= d["needs"]
+    note = policy.fallback_note()
+    assert note.endswith("yet the proposals of those steps were estimated below 1.10x; declined there")
+    assert "needs 1.10x; declined" not in note
+
+
 def test_a_drafter_that_pays_is_not_declined():
     policy = auto(costs(0.1))
     feed(policy, 200, 0.9)
