@@ -126,7 +126,6 @@ class Run:
     tokens: list[int]
     tokens_per_s: float
     stats: Stats | None = None  # llama.cpp runs: generated, drafted and accepted only
-    costs: CostModel | None = None  # ours with a drafter: the cost model its reply was predicted with
     text: str | None = None  # llama.cpp runs: the program's text (its tokens are not reported)
 
 
@@ -253,7 +252,7 @@ class Runner:
         reply = self.session.run(cfg.request(s, text, self.framing, max_tokens), stop)
         if reply.costs is not None:
             self.cost_models[cfg.name] = reply.costs
-        return Run(reply.tokens, reply.stats.tokens_per_s, reply.stats, reply.costs)
+        return Run(reply.tokens, reply.stats.tokens_per_s, reply.stats)
 
     def close(self) -> None:
         for ref in self.refs.values():
@@ -315,7 +314,7 @@ def bench_prompt(runner: Runner, pr: Prompt, tokens: list[int], stop: threading.
             "text": rs[0].text if rs[0].text is not None else runner.target.detokenize(rs[0].tokens),
         }
         if rep.stats is not None:
-            entry.update(pooled([r.stats for r in rs], rs[-1].costs))
+            entry.update(pooled([r.stats for r in rs], runner.cost_models.get(cfg.name)))
         if s.greedy and cfg.kind == "llama.cpp":
             # Compared as text (the program reports text, not token ids), over the baseline's
             # length when the baseline stopped at the limit or may have stopped at a framing stop

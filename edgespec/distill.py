@@ -163,9 +163,10 @@ def collect(model, session, train, cfg: DistillConfig, deadline: float, tick: Ca
         if len(toks) < 4 or len(toks) >= model.n_ctx:
             continue
         hid, arg = read_with_hidden(model, toks)
+        spent = time.monotonic() - t_item
         if offline:
-            reading += time.monotonic() - t_item
-        seqs.append(Record(np.asarray(toks, dtype=np.int32), hid, arg, kind, qid, time.monotonic() - t_item))
+            reading += spent
+        seqs.append(Record(np.asarray(toks, dtype=np.int32), hid, arg, kind, qid, spent))
         n_tok += len(toks)
         tick(kind, n_tok)
     if not seqs:
