@@ -13,7 +13,12 @@ directory, not beside the library, so EdgeSpec chooses and loads the module itse
 * variants with AMX kernels are skipped (the AMX path segfaults on the Xeons we run on, NOTES);
 * a variant the set-up's build check saw crash on this CPU is skipped;
 * exact mode loads the same variant from the llamafile-off module set (made by the set-up), so
-  fast and exact mode share one libllama and differ only in their matrix kernels.
+  fast and exact mode share one libllama and differ only in their matrix kernels;
+* fast mode loads that variant from the small-batch kernel set when the set-up built and proved
+  one for this CPU (native/smallbatch: one pass over the weights for 2-8 activation rows, so a
+  verification pass of a few tokens costs little more than one token); `EDGESPEC_KERNELS=stock`
+  runs the unpatched modules instead, and the unpatched set is what runs when the patched one is
+  missing or failed the set-up's check.
 
 A build without loadable modules (a CUDA/Metal build made with other `EDGESPEC_CMAKE_ARGS`, or a
 plain `pip install llama-cpp-python`) has its CPU kernels linked in; then the instruction sets it
@@ -98,10 +103,11 @@ class Backend:
     module: str | None  # path of the loaded CPU module
     others: list[str] = field(default_factory=list)  # GPU/accelerator backends loaded beside it
     cpu: Cpu = field(default_factory=this_cpu)
+    kernels: str = "stock"  # 'smallbatch' when the module is from the small-batch kernel set
 
     def to_dict(self) -> dict:
-        return {"mode": self.mode, "cpu_variant": self.variant, "gpu_backends": self.others,
-                "cpu": self.cpu.model}
+        return {"mode": self.mode, "cpu_variant": self.variant, "kernels": self.kernels,
+                "gpu_backends": self.others, "cpu": self.cpu.model}
 
 
 def lib_dir() -> Path:
@@ -221,6 +227,27 @@ def exact_dir() -> Path | None:
     return _recorded_dir("EDGESPEC_EXACT_MODULES", "exact_modules")
 
 
+def kernels_dir() -> Path | None:
+    """Folder of the small-batch kernel modules (fast mode): EDGESPEC_KERNEL_MODULES, else the
+    set-up's; None when `EDGESPEC_KERNELS=stock` asks for the unpatched modules."""
+    if os.environ.get("EDGESPEC_KERNELS", "").strip().lower() == "stock":
+        return None
+    return _recorded_dir("EDGESPEC_KERNEL_MODULES", "kernel_modules")
+
+
+def _kernel_module(variant: str, cpu_sig: str, manifest: dict) -> Path | None:
+    """The small-batch build of CPU variant `variant`, when there is one that the set-up's check
+    did not reject on this CPU."""
+    d = kernels_dir()
+    if d is None:
+        return None
+    # a folder named in the environment is taken as it is (the build check's own way to test it)
+    rejected = set() if os.environ.get("EDGESPEC_KERNEL_MODULES") else set(
+        manifest.get("checked", {}).get(cpu_sig, {}).get("kernels", {}).get("crashed", []))
+    path = cpu_modules(d).get(variant)
+    return path if path is not None and variant not in rejected else None
+
+
 def exact_available() -> bool:
     try:
         d = exact_dir()
@@ -267,6 +294,9 @@ def load(llama: ModuleType, mode: str = "fast") -> Backend:
                 f"no llama.cpp CPU kernels in {directory} run on this CPU ({cpu.model}); re-run scripts/setup.sh"
             )
         choice = ranked[0][:2]
+    kernels = "stock"
+    if mode == "fast" and (patched := _kernel_module(choice[0], cpu.signature, manifest)) is not None:
+        choice, kernels = (choice[0], patched), "smallbatch"
     if forced and os.environ.get("EDGESPEC_CPU_VARIANT_UNCHECKED") == "1":
         _register_unchecked(ggml, choice[1])
     elif not ggml.ggml_backend_load(str(choice[1]).encode()):
@@ -278,7 +308,7 @@ def load(llama: ModuleType, mode: str = "fast") -> Backend:
             continue
         if ggml.ggml_backend_load(str(path).encode()):
             others.append(kind)
-    return Backend(mode, choice[0], str(choice[1]), others, cpu)
+    return Backend(mode, choice[0], str(choice[1]), others, cpu, kernels)
 
 
 _unchecked: list[ctypes.CDLL] = []  # modules registered past their score check (kept loaded)

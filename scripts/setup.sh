@@ -126,6 +126,39 @@ build_exact_modules() {  # build_exact_modules FLAGS -> prints the folder
   echo "$dir"
 }
 
+# Small-batch kernels (native/smallbatch, docs/kernels.md): the CPU module of the variant this
+# processor runs, compiled again from the same source and flags with the kernels added, so that a
+# verification pass over a few tokens reads each weight once (a few minutes on 2 cores: one variant;
+# cached per build, kernel sources and variant). A failed build or check says so in one line and the
+# unpatched module runs: it never fails the set-up. EDGESPEC_KERNELS=stock skips it.
+build_kernel_modules() {  # build_kernel_modules FLAGS VARIANT -> prints the folder ('' on failure)
+  local flags="$1" variant="$2" key dir src log patch_dir="$here/native/smallbatch"
+  key="$(build_key "$flags|$variant|$(cat "$patch_dir"/* | sha256sum | cut -c1-16)")"
+  dir="$CACHE/kernels/llama-cpp-python-$LLAMA_CPP_VERSION-$key"
+  log="$CACHE/kernels/build-$key.log"
+  if ! ls "$dir"/*ggml-cpu-"$variant".* >/dev/null 2>&1; then
+    say "compiling the small-batch kernels into the $variant CPU module (a few minutes on 2 cores; cached afterwards)" >&2
+    src="$CACHE/kernels/src-$key"
+    rm -rf "$src" "$dir.tmp" && mkdir -p "$src" "$dir.tmp"
+    # shellcheck disable=SC2086  # the flags are a list
+    if ! { ( fetch_sdist ) && tar xzf "$sdist" -C "$src" --strip-components=1 \
+           && mkdir -p "$src/vendor/llama.cpp/ggml/src/ggml-cpu/smallbatch" \
+           && cp "$patch_dir"/*.c "$patch_dir"/*.h "$src/vendor/llama.cpp/ggml/src/ggml-cpu/smallbatch/" \
+           && for p in "$patch_dir"/*.patch; do patch -p1 -d "$src/vendor/llama.cpp" < "$p" || exit 1; done \
+           && cmake -S "$src/vendor/llama.cpp" -B "$src/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+                -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+                -DLLAMA_BUILD_SERVER=OFF $flags \
+           && cmake --build "$src/build" --target "ggml-cpu-$variant" -j "$(nproc)" \
+           && cp "$src"/build/bin/*ggml-cpu-"$variant".* "$dir.tmp/"; } >"$log" 2>&1; then
+      say "small-batch kernels unavailable: their build failed ($(tail -n1 "$log")); log: $log" >&2
+      rm -rf "$src" "$dir.tmp"
+      return 0
+    fi
+    rm -rf "$dir" "$src" "$log" && mv "$dir.tmp" "$dir"
+  fi
+  echo "$dir"
+}
+
 # More than one machine (README): llama.cpp's RPC backend as one more loadable module
 # (libggml-rpc.so) and its rpc-server program, compiled from the same source against the installed
 # library (GGML_CPU=OFF: only ggml-base, the module and the program; a minute or two). The server
@@ -171,7 +204,14 @@ prove() {  # prove FLAGS
       *) say "exact mode needs -DGGML_BACKEND_DL=ON in the flags; --exact will be unavailable" ;;
     esac
   fi
-  "$VPY" -m edgespec.buildcheck --cmake-args "$1" "${exact_args[@]}"
+  "$VPY" -m edgespec.buildcheck --cmake-args "$1" "${exact_args[@]}" || return 1
+  local variant
+  case "$1" in
+    *GGML_BACKEND_DL=ON*)
+      if [ "${EDGESPEC_KERNELS:-}" != "stock" ] && variant="$("$VPY" -m edgespec.buildcheck --variant)"; then
+        "$VPY" -m edgespec.buildcheck --kernel-modules "$(build_kernel_modules "$1" "$variant")"
+      fi ;;
+  esac
 }
 if ! prove "$CMAKE_FLAGS"; then
   [ "$CMAKE_FLAGS" != "$DEFAULT_ARGS" ] || die "llama.cpp does not run on this machine even with the most conservative kernels"

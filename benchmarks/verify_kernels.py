@@ -1,0 +1,173 @@
+"""What verifying K tokens costs with the small-batch kernels and without, measured in one run.
+
+    .venv/bin/python -m benchmarks.verify_kernels [--models qwen2.5-coder-1.5b,gemma3-270m] [--rounds 7]
+        [--rows 1-16] [--threads N] [--flash-attn off|on|auto] [--at 512]
+
+Each model is loaded twice, in two child processes: one runs the small-batch kernel modules the
+set-up built (native/smallbatch), the other the unpatched llama.cpp modules (EDGESPEC_KERNELS=stock).
+The parent asks them for one round at a time, alternating, so that machine noise hits both alike; a
+round times one pass over K rows (logits on every row, `--at` tokens of context before them) for
+every K. The table gives medians over rounds: T(1) in ms, T(K)/T(1) for both, and the patched pass's
+cost relative to the stock one, plus the spread (max/min of T(1) over rounds) to judge the run by.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+from edgespec.errors import EdgeSpecError, run_command
+
+FILLER = (
+    "def parse_config(path):\n    with open(path) as fh:\n        data = json.load(fh)\n"
+    "    for key, value in data.items():\n        if isinstance(value, str):\n"
+    "            data[key] = value.strip()\n    return data\n\n"
+    "The configuration loader reads a JSON file, strips whitespace from every string value and "
+    "returns the dictionary. Callers pass the path of the file; missing files raise an error. "
+)
+
+
+def parse_rows(text: str) -> list[int]:
+    """'1-8,12,16' -> [1, 2, ..., 8, 12, 16]."""
+    rows: set[int] = set()
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise EdgeSpecError(f"--rows: {part.strip()!r} is not a row count or range like 1-16")
+        rows.update(range(int(lo), int(hi) + 1) if sep else {int(lo)})
+    if not rows or min(rows) < 1 or max(rows) > 64:
+        raise EdgeSpecError("--rows: row counts must be between 1 and 64")
+    return sorted(rows)
+
+
+def child(model_name: str, rows: list[int], threads: int | None, flash_attn: str, at: int) -> int:
+    """Serve rounds on stdin/stdout: each input line asks for one timed pass per row count."""
+    from edgespec import runtime
+    from models import resolve
+
+    model = runtime.Model(resolve(model_name), n_ctx=at + max(rows) + 16, n_batch=max(64, max(rows)),
+                          n_threads=threads, flash_attn=flash_attn)
+    filler = model.tokenize(FILLER, add_special=True)
+    filler = filler * (1 + (at + max(rows)) // len(filler))
+    model.decode(filler[:at], n_logits=0)
+    passes = filler[at : at + max(rows)]
+    info = runtime.backend_info()
+    print(json.dumps({"ready": True, "kernels": info.kernels, "variant": info.variant}), flush=True)
+    for line in sys.stdin:
+        if not line.strip():
+            break
+        out = {}
+        for k in rows:  # a warm-up pass first, then the timed one
+            for timed in (False, True):
+                model.truncate(at)
+                t = time.perf_counter()
+                model.decode(passes[:k], n_logits=k)
+                if timed:
+                    out[k] = time.perf_counter() - t
+        print(json.dumps(out), flush=True)
+    model.close()
+    return 0
+
+
+class Child:
+    def __init__(self, model: str, kernels: str, args: argparse.Namespace) -> None:
+        env = {**os.environ}
+        if kernels == "stock":
+            env["EDGESPEC_KERNELS"] = "stock"
+        else:
+            env.pop("EDGESPEC_KERNELS", None)
+        cmd = [sys.executable, "-m", "benchmarks.verify_kernels", "--child", model, "--rows", args.rows,
+               "--flash-attn", args.flash_attn, "--at", str(args.at)]
+        if args.threads:
+            cmd += ["--threads", str(args.threads)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        hello = self._read()
+        self.kernels, self.variant = hello["kernels"], hello["variant"]
+
+    def _read(self) -> dict:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise EdgeSpecError(f"the benchmark child exited ({self.proc.wait()}) before answering")
+        return json.loads(line)
+
+    def round(self) -> dict[int, float]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        return {int(k): v for k, v in self._read().items()}
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def measure(model: str, args: argparse.Namespace) -> None:
+    rows = parse_rows(args.rows)
+    children = {"smallbatch": Child(model, "smallbatch", args), "stock": Child(model, "stock", args)}
+    try:
+        if children["smallbatch"].kernels != "smallbatch":
+            raise EdgeSpecError("the small-batch kernel modules are not installed here (re-run scripts/setup.sh; "
+                                "its log says why when they could not be built)")
+        times: dict[str, dict[int, list[float]]] = {name: {k: [] for k in rows} for name in children}
+        for r in range(args.rounds):
+            order = list(children) if r % 2 == 0 else list(reversed(children))
+            for name in order:
+                for k, v in children[name].round().items():
+                    times[name][k].append(v)
+            print(f"[{model}] round {r + 1}/{args.rounds}", file=sys.stderr, flush=True)
+    finally:
+        for c in children.values():
+            c.close()
+    med = {name: {k: statistics.median(v) for k, v in t.items()} for name, t in times.items()}
+    variant = children["stock"].variant
+    print(f"\n### {model} ({variant} CPU kernels, {args.threads or len(os.sched_getaffinity(0))} threads, "
+          f"flash attention {args.flash_attn}, {args.at} tokens of context, medians of {args.rounds} "
+          "interleaved rounds)\n")
+    print("| K | stock T(K) ms | stock T(K)/T(1) | small-batch T(K) ms | small-batch T(K)/T(1) | small-batch / stock |")
+    print("|---|---|---|---|---|---|")
+    s1, p1 = med["stock"][rows[0]], med["smallbatch"][rows[0]]
+    for k in rows:
+        s, p = med["stock"][k], med["smallbatch"][k]
+        print(f"| {k} | {1000 * s:.1f} | {s / s1:.2f} | {1000 * p:.1f} | {p / p1:.2f} | {p / s:.2f} |")
+    for name in children:
+        t1 = times[name][rows[0]]
+        print(f"\n{name}: T({rows[0]}) spread over rounds {min(t1) * 1000:.1f}-{max(t1) * 1000:.1f} ms "
+              f"(max/min {max(t1) / min(t1):.2f})", end="")
+    print()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.verify_kernels", description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="qwen2.5-coder-1.5b,gemma3-270m",
+                    help="comma-separated model names or GGUF paths")
+    ap.add_argument("--rows", default="1-16", help="row counts to time, e.g. 1-16 or 1,2,4,8")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--flash-attn", choices=["auto", "on", "off"], default="off")
+    ap.add_argument("--at", type=int, default=512, help="tokens of context before the timed passes")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        return run_command(lambda: child(args.child, parse_rows(args.rows), args.threads, args.flash_attn, args.at))
+    if args.rounds < 1:
+        print("error: --rounds must be at least 1", file=sys.stderr)
+        return 2
+
+    def run() -> int:
+        parse_rows(args.rows)
+        for model in [m.strip() for m in args.models.split(",") if m.strip()]:
+            measure(model, args)
+        return 0
+
+    return run_command(run)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

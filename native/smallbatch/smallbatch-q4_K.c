@@ -1,0 +1,164 @@
+// Q4_K weights repacked eight rows at a time (ggml's block_q4_Kx8, repack.cpp) x Q8_K activations:
+// eight weight rows against up to GGML_SMALLBATCH_MAX_COLS activation rows in one pass.
+//
+// The repacked layout interleaves eight Q4_K rows in 8-byte chunks, so one 32-byte load holds the
+// same 8 positions of four rows. The chunks are unpacked to bytes and regrouped so that each
+// 32-bit lane holds 4 consecutive weights of one row (lane order 0 4 1 5 2 6 3 7), once per
+// 64-weight step; every activation row then multiplies them with its own 4 bytes broadcast to all
+// lanes (dpbusd), scales each 32-weight sub-block per row (the 6-bit scales) and takes out the
+// 6-bit mins with its per-32 sums. The integer sums per row and lane are exact, and the float
+// steps per row are those of ggml_gemv_q4_K_8x8_q8_K (arch/x86/repack.cpp), so each activation
+// row gets that kernel's result bit for bit, whatever the number of rows.
+#include "smallbatch.h"
+
+#define GGML_COMMON_DECL_C
+#include "ggml-common.h"
+#include "ggml-cpu-impl.h"
+
+#include <string.h>
+
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+#include <immintrin.h>
+
+// ggml's block_q4_Kx8 (repack.h): the d, dmin, scales and quants of eight Q4_K blocks, interleaved
+typedef struct {
+    ggml_half d[8];
+    ggml_half dmin[8];
+    uint8_t   scales[96];
+    uint8_t   qs[1024];
+} sb_block_q4_Kx8;
+_Static_assert(sizeof(sb_block_q4_Kx8) == 16 * sizeof(ggml_half) + 8 * K_SCALE_SIZE + 4 * QK_K, "block_q4_Kx8 layout");
+
+// acc + the sums of 4 products of unsigned (a) and signed (b) bytes per 32-bit lane; exact
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define SB_DPBUSD(acc, a, b) _mm256_dpbusd_epi32((acc), (a), (b))
+#elif defined(__AVXVNNI__)
+#define SB_DPBUSD(acc, a, b) _mm256_dpbusd_avx_epi32((acc), (a), (b))
+#else
+#define SB_DPBUSD(acc, a, b) _mm256_add_epi32((acc), _mm256_madd_epi16(_mm256_maddubs_epi16((a), (b)), _mm256_set1_epi16(1)))
+#endif
+
+// the 6-bit scales (bytes 0-7) and mins (bytes 8-15) of the eight rows for one 32-weight sub-block
+static inline __m128i sb_scales_mins(const uint8_t * packed) {
+    uint32_t u[4];
+    memcpy(u, packed, 12);
+    u[3] = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
+    const uint32_t aux = u[1] & 0x3f3f3f3f;
+    u[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
+    u[2] = aux;
+    u[0] &= 0x3f3f3f3f;
+    return _mm_set_epi32((int) u[3], (int) u[2], (int) u[1], (int) u[0]);
+}
+
+static inline __attribute__((always_inline)) void sb_q4_Kx8_q8_K(int n, float * s, size_t bs, const void * vx,
+                                                                 const void * const * vy, const int nr, int nc) {
+    const int nb = n / QK_K;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    // lanes 0 4 1 5 2 6 3 7 of the regrouped quants, for the scales, the d's and the final order
+    const __m128i lane_order8  = _mm_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m128i lane_order16 = _mm_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
+    const __m256i to_rows      = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+
+    for (int x = 0; x < nc / 8; ++x) {
+        const sb_block_q4_Kx8 * w = (const sb_block_q4_Kx8 *) vx + (size_t) x * nb;
+        __m256 acc[GGML_SMALLBATCH_MAX_COLS];
+        __m256 acc_min[GGML_SMALLBATCH_MAX_COLS];
+        for (int r = 0; r < nr; ++r) {
+            acc[r] = _mm256_setzero_ps();
+            acc_min[r] = _mm256_setzero_ps();
+        }
+        for (int b = 0; b < nb; ++b) {
+            const __m256 d_lanes = _mm256_cvtph_ps(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *) w[b].d), lane_order16));
+            const __m256 dmin    = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) w[b].dmin));
+            __m256i isum[GGML_SMALLBATCH_MAX_COLS];
+            __m256i imin[GGML_SMALLBATCH_MAX_COLS];
+            for (int r = 0; r < nr; ++r) {
+                isum[r] = _mm256_setzero_si256();
+                imin[r] = _mm256_setzero_si256();
+            }
+            for (int sb = 0; sb < QK_K / 64; ++sb) {
+                // q[h][k]: sub-block 2sb+h, weights 4k..4k+3 of each row (lanes 0 4 1 5 2 6 3 7)
+                __m256i q[2][8];
+                const uint8_t * qs = w[b].qs + sb * 256;
+                for (int j = 0; j < 4; ++j) {
+                    const __m256i lo = _mm256_loadu_si256((const __m256i *) (qs + 64 * j));       // rows 0-3
+                    const __m256i hi = _mm256_loadu_si256((const __m256i *) (qs + 64 * j + 32));  // rows 4-7
+                    const __m256i lo_sw = _mm256_shuffle_epi32(lo, 0xb1);
+                    const __m256i hi_sw = _mm256_shuffle_epi32(hi, 0xb1);
+                    const __m256i even = _mm256_blend_epi32(lo, hi_sw, 0xaa);  // weights 8j..8j+3
+                    const __m256i odd  = _mm256_blend_epi32(lo_sw, hi, 0xaa);  // weights 8j+4..8j+7
+                    q[0][2 * j]     = _mm256_and_si256(even, m4);
+                    q[0][2 * j + 1] = _mm256_and_si256(odd, m4);
+                    q[1][2 * j]     = _mm256_and_si256(_mm256_srli_epi16(even, 4), m4);
+                    q[1][2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(odd, 4), m4);
+                }
+                const __m128i sm0 = sb_scales_mins(w[b].scales + 24 * sb);
+                const __m128i sm1 = sb_scales_mins(w[b].scales + 24 * sb + 12);
+                const __m256i sc0 = _mm256_cvtepu8_epi32(_mm_shuffle_epi8(sm0, lane_order8));
+                const __m256i sc1 = _mm256_cvtepu8_epi32(_mm_shuffle_epi8(sm1, lane_order8));
+                // per row in natural order: min of sub-block 2sb, min of 2sb+1
+                const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(_mm_shuffle_epi32(sm0, 0x4e), _mm_shuffle_epi32(sm1, 0x4e)));
+
+                for (int r = 0; r < nr; ++r) {
+                    const block_q8_K * y = (const block_q8_K *) vy[r] + b;
+                    const int8_t * a = y->qs + sb * 64;
+                    __m256i s0 = _mm256_setzero_si256();
+                    __m256i s1 = _mm256_setzero_si256();
+                    for (int k = 0; k < 8; ++k) {
+                        int32_t a0, a1;
+                        memcpy(&a0, a + 4 * k, 4);
+                        memcpy(&a1, a + 32 + 4 * k, 4);
+                        s0 = SB_DPBUSD(s0, q[0][k], _mm256_set1_epi32(a0));
+                        s1 = SB_DPBUSD(s1, q[1][k], _mm256_set1_epi32(a1));
+                    }
+                    isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(_mm256_mullo_epi32(s0, sc0), _mm256_mullo_epi32(s1, sc1)));
+                    // the activations' sums of the two sub-blocks, as one 32-bit pair
+                    const int16_t m0 = (int16_t) (y->bsums[4 * sb + 0] + y->bsums[4 * sb + 1]);
+                    const int16_t m1 = (int16_t) (y->bsums[4 * sb + 2] + y->bsums[4 * sb + 3]);
+                    const __m256i sums = _mm256_set1_epi32((int32_t) (((uint32_t) (uint16_t) m1 << 16) | (uint16_t) m0));
+                    imin[r] = _mm256_add_epi32(imin[r], _mm256_madd_epi16(sums, mins));
+                }
+            }
+            for (int r = 0; r < nr; ++r) {
+                const __m256 yd = _mm256_set1_ps(((const block_q8_K *) vy[r] + b)->d);
+                acc[r]     = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(d_lanes, yd), acc[r]);
+                acc_min[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin[r]), _mm256_mul_ps(dmin, yd), acc_min[r]);
+            }
+        }
+        for (int r = 0; r < nr; ++r) {
+            _mm256_storeu_ps(s + r * bs + x * 8, _mm256_sub_ps(_mm256_permutevar8x32_ps(acc[r], to_rows), acc_min[r]));
+        }
+    }
+}
+
+#define SB_Q4_KX8_NR(NR) \
+    static void sb_q4_Kx8_q8_K_##NR(int n, float * s, size_t bs, const void * vx, const void * const * vy, int nc) { \
+        sb_q4_Kx8_q8_K(n, s, bs, vx, vy, NR, nc); \
+    }
+SB_Q4_KX8_NR(1) SB_Q4_KX8_NR(2) SB_Q4_KX8_NR(3) SB_Q4_KX8_NR(4)
+SB_Q4_KX8_NR(5) SB_Q4_KX8_NR(6) SB_Q4_KX8_NR(7) SB_Q4_KX8_NR(8)
+
+static void sb_q4_Kx8_q8_K_nr(int n, float * s, size_t bs, const void * vx, const void * const * vy, int nr, int nc) {
+    switch (nr) {
+        case 1: sb_q4_Kx8_q8_K_1(n, s, bs, vx, vy, nc); break;
+        case 2: sb_q4_Kx8_q8_K_2(n, s, bs, vx, vy, nc); break;
+        case 3: sb_q4_Kx8_q8_K_3(n, s, bs, vx, vy, nc); break;
+        case 4: sb_q4_Kx8_q8_K_4(n, s, bs, vx, vy, nc); break;
+        case 5: sb_q4_Kx8_q8_K_5(n, s, bs, vx, vy, nc); break;
+        case 6: sb_q4_Kx8_q8_K_6(n, s, bs, vx, vy, nc); break;
+        case 7: sb_q4_Kx8_q8_K_7(n, s, bs, vx, vy, nc); break;
+        default: sb_q4_Kx8_q8_K_8(n, s, bs, vx, vy, nc); break;
+    }
+}
+
+ggml_smallbatch_gemm_t ggml_smallbatch_q4_Kx8(void) {
+    return sb_q4_Kx8_q8_K_nr;
+}
+
+#else
+
+ggml_smallbatch_gemm_t ggml_smallbatch_q4_Kx8(void) {
+    return NULL;  // the repacked kernels are AVX2 ones; without them repack.cpp's own path runs
+}
+
+#endif

@@ -1,0 +1,162 @@
+// Q6_K weights x Q8_K activations, one weight row against up to GGML_SMALLBATCH_MAX_COLS rows.
+//
+// A Q6_K super-block holds 256 weights: the low 4 bits in ql, the high 2 bits in qh, 16 int8
+// scales (one per 16 weights) and a half-precision d. The row's dot product with a Q8_K row is
+//     d_x * d_y * sum_k scale_k * sum_{i in k} (q_i - 32) * y_i
+// and the -32 offset is taken out with the activation's per-16 sums (bsums). Unpacking the 6-bit
+// codes and broadcasting the scales is done once per super-block; the multiply-adds, the offset and
+// the float accumulation are then done per activation row, with the same lanes as
+// ggml_vec_dot_q6_K_q8_K (arch/x86/quants.c): the per-lane integer sums are exact whatever their
+// order, and the float steps are the same, so each result equals the per-row kernel's bit for bit.
+#include "smallbatch.h"
+
+#define GGML_COMMON_DECL_C
+#include "ggml-common.h"
+#include "ggml-cpu-impl.h"
+#include "simd-mappings.h"
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+
+// acc + madd(a, b): one instruction where VNNI has it; integer sums, so the result is the same
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define SB_MADD_ACC(acc, a, b) _mm256_dpwssd_epi32((acc), (a), (b))
+#elif defined(__AVXVNNI__)
+#define SB_MADD_ACC(acc, a, b) _mm256_dpwssd_avx_epi32((acc), (a), (b))
+#else
+#define SB_MADD_ACC(acc, a, b) _mm256_add_epi32((acc), _mm256_madd_epi16((a), (b)))
+#endif
+
+static inline float sb_hsum_float_8(const __m256 x) {
+    __m128 res = _mm256_extractf128_ps(x, 1);
+    res = _mm_add_ps(res, _mm256_castps256_ps128(x));
+    res = _mm_add_ps(res, _mm_movehl_ps(res, res));
+    res = _mm_add_ss(res, _mm_movehdup_ps(res));
+    return _mm_cvtss_f32(res);
+}
+
+// the 16-bit scale of each pair of 16-weight groups, spread over the 32 bytes they multiply
+static inline __m256i sb_scale_pair(const __m128i scales, int k) {
+    static const uint8_t shuffle[128] = {
+         0, 0, 0, 0, 0, 0, 0, 0,  1, 1, 1, 1, 1, 1, 1, 1,
+         2, 2, 2, 2, 2, 2, 2, 2,  3, 3, 3, 3, 3, 3, 3, 3,
+         4, 4, 4, 4, 4, 4, 4, 4,  5, 5, 5, 5, 5, 5, 5, 5,
+         6, 6, 6, 6, 6, 6, 6, 6,  7, 7, 7, 7, 7, 7, 7, 7,
+         8, 8, 8, 8, 8, 8, 8, 8,  9, 9, 9, 9, 9, 9, 9, 9,
+        10,10,10,10,10,10,10,10, 11,11,11,11,11,11,11,11,
+        12,12,12,12,12,12,12,12, 13,13,13,13,13,13,13,13,
+        14,14,14,14,14,14,14,14, 15,15,15,15,15,15,15,15,
+    };
+    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, _mm_loadu_si128((const __m128i *) shuffle + k)));
+}
+
+// nc is a compile-time constant in each instantiation below, so the column loops unroll and the
+// accumulators stay in registers.
+static inline __attribute__((always_inline)) void sb_q6_K_q8_K(int n, float * s, const void * vx,
+                                                               const void * const * vy, const int nc) {
+    const block_q6_K * x = (const block_q6_K *) vx;
+    const int nb = n / QK_K;
+
+    const __m256i m3  = _mm256_set1_epi8(3);
+    const __m256i m15 = _mm256_set1_epi8(15);
+
+    __m256 acc[GGML_SMALLBATCH_MAX_COLS];
+    for (int c = 0; c < nc; ++c) {
+        acc[c] = _mm256_setzero_ps();
+    }
+
+    for (int i = 0; i < nb; ++i) {
+        const float xd = GGML_CPU_FP16_TO_FP32(x[i].d);
+
+        // the 256 codes as unsigned bytes 0..63, in the order the activations are stored
+        __m256i q[8];
+        const uint8_t * ql = x[i].ql;
+        const uint8_t * qh = x[i].qh;
+        for (int j = 0; j < 2; ++j) {
+            const __m256i bits1 = _mm256_loadu_si256((const __m256i *) ql); ql += 32;
+            const __m256i bits2 = _mm256_loadu_si256((const __m256i *) ql); ql += 32;
+            const __m256i bitsH = _mm256_loadu_si256((const __m256i *) qh); qh += 32;
+
+            const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(bitsH, m3), 4);
+            const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(bitsH, _mm256_set1_epi8(12)), 2);
+            const __m256i h2 = _mm256_and_si256(bitsH, _mm256_set1_epi8(48));
+            const __m256i h3 = _mm256_srli_epi16(_mm256_and_si256(bitsH, _mm256_set1_epi8(-64)), 2);
+
+            q[4 * j + 0] = _mm256_or_si256(_mm256_and_si256(bits1, m15), h0);
+            q[4 * j + 1] = _mm256_or_si256(_mm256_and_si256(bits2, m15), h1);
+            q[4 * j + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits1, 4), m15), h2);
+            q[4 * j + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits2, 4), m15), h3);
+        }
+
+        const __m128i scales    = _mm_loadu_si128((const __m128i *) x[i].scales);
+        const __m256i scales_16 = _mm256_cvtepi8_epi16(scales);
+        __m256i sc[8];
+        for (int k = 0; k < 8; ++k) {
+            sc[k] = sb_scale_pair(scales, k);
+        }
+
+        for (int c = 0; c < nc; ++c) {
+            const block_q8_K * y = (const block_q8_K *) vy[c] + i;
+            const int8_t * q8 = y->qs;
+
+            // 32 * sum_k scale_k * bsum_k: the -32 offset of every code
+            const __m256i q8sums   = _mm256_loadu_si256((const __m256i *) y->bsums);
+            const __m256i q8sclsub = _mm256_slli_epi32(_mm256_madd_epi16(q8sums, scales_16), 5);
+
+            // two accumulators halve the dependency chain; int32 sums, so any order gives the same total
+            __m256i sum0 = _mm256_setzero_si256();
+            __m256i sum1 = _mm256_setzero_si256();
+            for (int j = 0; j < 2; ++j) {
+                const __m256i p0 = _mm256_maddubs_epi16(q[4 * j + 0], _mm256_loadu_si256((const __m256i *) (q8 +  0)));
+                const __m256i p1 = _mm256_maddubs_epi16(q[4 * j + 1], _mm256_loadu_si256((const __m256i *) (q8 + 32)));
+                const __m256i p2 = _mm256_maddubs_epi16(q[4 * j + 2], _mm256_loadu_si256((const __m256i *) (q8 + 64)));
+                const __m256i p3 = _mm256_maddubs_epi16(q[4 * j + 3], _mm256_loadu_si256((const __m256i *) (q8 + 96)));
+                q8 += 128;
+                sum0 = SB_MADD_ACC(sum0, sc[4 * j + 0], p0);
+                sum1 = SB_MADD_ACC(sum1, sc[4 * j + 1], p1);
+                sum0 = SB_MADD_ACC(sum0, sc[4 * j + 2], p2);
+                sum1 = SB_MADD_ACC(sum1, sc[4 * j + 3], p3);
+            }
+            const __m256i sumi = _mm256_sub_epi32(_mm256_add_epi32(sum0, sum1), q8sclsub);
+
+            const float d = y->d * xd;
+            acc[c] = _mm256_fmadd_ps(_mm256_broadcast_ss(&d), _mm256_cvtepi32_ps(sumi), acc[c]);
+        }
+    }
+
+    for (int c = 0; c < nc; ++c) {
+        s[c] = sb_hsum_float_8(acc[c]);
+    }
+}
+
+#define SB_Q6_K_NC(NC) \
+    static void sb_q6_K_q8_K_##NC(int n, float * s, const void * vx, const void * const * vy) { \
+        sb_q6_K_q8_K(n, s, vx, vy, NC); \
+    }
+SB_Q6_K_NC(1) SB_Q6_K_NC(2) SB_Q6_K_NC(3) SB_Q6_K_NC(4)
+SB_Q6_K_NC(5) SB_Q6_K_NC(6) SB_Q6_K_NC(7) SB_Q6_K_NC(8)
+
+static void sb_q6_K_q8_K_nc(int n, float * s, const void * vx, const void * const * vy, int nc) {
+    switch (nc) {
+        case 1: sb_q6_K_q8_K_1(n, s, vx, vy); break;
+        case 2: sb_q6_K_q8_K_2(n, s, vx, vy); break;
+        case 3: sb_q6_K_q8_K_3(n, s, vx, vy); break;
+        case 4: sb_q6_K_q8_K_4(n, s, vx, vy); break;
+        case 5: sb_q6_K_q8_K_5(n, s, vx, vy); break;
+        case 6: sb_q6_K_q8_K_6(n, s, vx, vy); break;
+        case 7: sb_q6_K_q8_K_7(n, s, vx, vy); break;
+        default: sb_q6_K_q8_K_8(n, s, vx, vy); break;
+    }
+}
+
+ggml_smallbatch_dot_t ggml_smallbatch_q6_K(void) {
+    return sb_q6_K_q8_K_nc;
+}
+
+#else
+
+ggml_smallbatch_dot_t ggml_smallbatch_q6_K(void) {
+    return NULL;  // the per-row kernel is the only one for this instruction set
+}
+
+#endif

@@ -1,0 +1,87 @@
+// The small-batch driver: groups activation rows (columns of dst) that share one weight matrix
+// and runs the type's kernel over each weight row once per group (see smallbatch.h).
+#include "smallbatch.h"
+
+#include "ggml-impl.h"
+
+#include <stdlib.h>
+
+bool ggml_smallbatch_enabled(void) {
+    static int enabled = -1;
+    if (enabled < 0) {
+        const char * env = getenv("GGML_CPU_SMALLBATCH");
+        enabled = env == NULL || atoi(env) != 0;
+    }
+    return enabled != 0;
+}
+
+ggml_smallbatch_dot_t ggml_smallbatch_kernel(enum ggml_type type) {
+    switch (type) {
+        case GGML_TYPE_Q6_K: return ggml_smallbatch_q6_K();
+        default:             return NULL;
+    }
+}
+
+bool ggml_smallbatch_claims(const struct ggml_tensor * dst) {
+    const struct ggml_tensor * src0 = dst->src[0];
+    const struct ggml_tensor * src1 = dst->src[1];
+    return src0->extra == NULL && src1->ne[1] >= 2 && src1->ne[1] <= GGML_SMALLBATCH_MAX_COLS &&
+           src1->ne[2] == 1 && src1->ne[3] == 1 && ggml_smallbatch_enabled() &&
+           ggml_smallbatch_kernel(src0->type) != NULL;
+}
+
+bool ggml_smallbatch_mul_mat_chunk(const struct ggml_tensor * dst, const void * wdata, size_t row_size,
+                                   bool src1_packed, int64_t ir0_start, int64_t ir0_end,
+                                   int64_t ir1_start, int64_t ir1_end) {
+    const struct ggml_tensor * src0 = dst->src[0];
+    const struct ggml_tensor * src1 = dst->src[1];
+
+    if (ir1_end - ir1_start < 2 || !ggml_smallbatch_enabled()) {
+        return false;
+    }
+    const ggml_smallbatch_dot_t dot = ggml_smallbatch_kernel(src0->type);
+    if (dot == NULL) {
+        return false;
+    }
+
+    GGML_TENSOR_BINARY_OP_LOCALS
+
+    // broadcast factors
+    const int64_t r2 = ne12 / ne02;
+    const int64_t r3 = ne13 / ne03;
+
+    const void * y[GGML_SMALLBATCH_MAX_COLS];
+    float *      d[GGML_SMALLBATCH_MAX_COLS];
+    float        s[GGML_SMALLBATCH_MAX_COLS];
+
+    for (int64_t c0 = ir1_start; c0 < ir1_end;) {
+        // up to MAX_COLS consecutive columns that multiply the same src0 matrix
+        int     nc  = 0;
+        int64_t i02 = 0;
+        int64_t i03 = 0;
+        int64_t c   = c0;
+        for (; c < ir1_end && nc < GGML_SMALLBATCH_MAX_COLS; ++c) {
+            const int64_t i13 = c / (ne12 * ne1);
+            const int64_t i12 = (c - i13 * ne12 * ne1) / ne1;
+            const int64_t i11 = c - i13 * ne12 * ne1 - i12 * ne1;
+            if (nc > 0 && (i12 / r2 != i02 || i13 / r3 != i03)) {
+                break;
+            }
+            i02 = i12 / r2;
+            i03 = i13 / r3;
+            y[nc] = (const char *) wdata + (src1_packed ? (size_t) (i11 + i12 * ne11 + i13 * ne12 * ne11) * row_size
+                                                        : (size_t) (i11 * nb11 + i12 * nb12 + i13 * nb13));
+            d[nc] = (float *) ((char *) dst->data + i11 * nb1 + i12 * nb2 + i13 * nb3);
+            nc++;
+        }
+        const char * src0_mat = (const char *) src0->data + i02 * nb02 + i03 * nb03;
+        for (int64_t ir0 = ir0_start; ir0 < ir0_end; ++ir0) {
+            dot((int) ne00, s, src0_mat + ir0 * nb01, y, nc);
+            for (int j = 0; j < nc; ++j) {
+                d[j][ir0] = s[j];
+            }
+        }
+        c0 = c;
+    }
+    return true;
+}

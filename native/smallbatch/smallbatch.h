@@ -1,0 +1,58 @@
+// Small-batch matrix multiplication for quantized weights on the CPU.
+//
+// When a mat-mul has only a few activation rows (speculative verification: 2-8 tokens), ggml's
+// generic path runs one vec_dot per (weight row, activation row) pair: every activation row
+// unpacks the same weight row again, so K rows cost almost K single-row passes. The kernels here
+// compute one weight row against up to GGML_SMALLBATCH_MAX_COLS activation rows in one pass: the
+// weights are loaded and unpacked once, then dotted with each row. Each kernel does per row
+// exactly the integer and float arithmetic of the type's vec_dot, so results are bit-identical
+// to the per-row path (tested against it on real weights).
+#pragma once
+
+#include "ggml.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GGML_SMALLBATCH_MAX_COLS 8
+
+// s[c] = dot(vx, vy[c]) for c < nc (1 <= nc <= GGML_SMALLBATCH_MAX_COLS); n values per row,
+// vx one row of the weight type, vy[c] rows of the type's vec_dot_type.
+typedef void (*ggml_smallbatch_dot_t)(int n, float * s, const void * vx, const void * const * vy, int nc);
+
+// For weights repacked eight rows at a time (repack.cpp): s[r * bs + c] = dot(weight row c,
+// vy[r]) for r < nr (1 <= nr <= GGML_SMALLBATCH_MAX_COLS) and c < nc (a multiple of 8); vx
+// points at the first group of eight rows, n values per row.
+typedef void (*ggml_smallbatch_gemm_t)(int n, float * s, size_t bs, const void * vx, const void * const * vy,
+                                       int nr, int nc);
+
+// False when GGML_CPU_SMALLBATCH=0 in the environment turns the kernels off (for comparisons).
+bool ggml_smallbatch_enabled(void);
+
+// The kernel for weights of `type` in this build (NULL: none, use the per-row path). One source
+// file per family of weight types provides its getter.
+ggml_smallbatch_dot_t ggml_smallbatch_kernel(enum ggml_type type);
+ggml_smallbatch_dot_t ggml_smallbatch_q6_K(void);
+// Q4_K repacked as block_q4_Kx8 (NULL: none for this instruction set)
+ggml_smallbatch_gemm_t ggml_smallbatch_q4_Kx8(void);
+
+// Whether the small-batch path takes this mat-mul (a type with a kernel, 2..MAX_COLS src1 rows):
+// the tiled K-quant path (tiled/) then leaves it alone.
+bool ggml_smallbatch_claims(const struct ggml_tensor * dst);
+
+// Computes rows [ir0_start, ir0_end) x columns [ir1_start, ir1_end) of dst = src0 * src1 with the
+// small-batch kernel when there is one for src0's type and at least two columns; false to let the
+// caller run its per-row loop. `wdata` holds src1 in vec_dot_type (`row_size` bytes a row),
+// packed contiguously when `src1_packed`, else with src1's own strides.
+bool ggml_smallbatch_mul_mat_chunk(const struct ggml_tensor * dst, const void * wdata, size_t row_size,
+                                   bool src1_packed, int64_t ir0_start, int64_t ir0_end,
+                                   int64_t ir1_start, int64_t ir1_end);
+
+#ifdef __cplusplus
+}
+#endif

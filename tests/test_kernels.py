@@ -1,0 +1,161 @@
+"""The small-batch kernels (native/smallbatch): the set-up builds and proves them, fast mode runs
+them, and they give the per-row path's logits bit for bit on real weights. Each kernel set runs in
+a child process (a process loads one set of CPU modules)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgespec import backend, runtime
+from tests.conftest import ROOT
+
+KERNELS = backend.kernels_dir()
+needs_kernels = pytest.mark.skipif(
+    KERNELS is None or not backend.cpu_modules(KERNELS),
+    reason="the set-up built no small-batch kernel modules here (not x86 with loadable CPU modules, or "
+           "their build failed: scripts/setup.sh says why)")
+
+# A fixed text; every batch size 1..8 is decoded after it, so each K runs the kernel with K columns.
+TEXT = ("def mean(values):\n    total = 0\n    for v in values:\n        total += v\n"
+        "    return total / len(values)\n\nprint(mean([1, 2, 3, 4]))\n")
+CHILD = """
+import json, sys
+import numpy as np
+from edgespec import runtime
+path, out = sys.argv[1], sys.argv[2]
+m = runtime.Model(path, n_ctx=256, n_batch=64, flash_attn="off", repack=sys.argv[4] == "repack")
+toks = m.tokenize(sys.argv[3], add_special=True)
+m.decode(toks[:16], n_logits=0)
+rows = []
+for k in range(1, 9):
+    m.truncate(16)
+    rows.append(np.array(m.decode(toks[16:16 + k], n_logits=k)))
+np.save(out, np.concatenate(rows))
+print(json.dumps(runtime.backend_info().to_dict()))
+"""
+
+
+def _by_k(rows: np.ndarray) -> dict[int, np.ndarray]:
+    """The stacked rows of batches 1..8 -> {K: [K, vocab]}."""
+    ends = np.cumsum(range(1, 9))
+    return {k: rows[end - k : end] for k, end in zip(range(1, 9), ends, strict=True)}
+
+
+def _logits(path: Path, out: Path, kernels: str, extra_env: dict | None = None,
+            repack: bool = True) -> tuple[np.ndarray, dict]:
+    env = {**os.environ, **(extra_env or {})}
+    env.pop("EDGESPEC_KERNELS", None)
+    if kernels == "stock":
+        env["EDGESPEC_KERNELS"] = "stock"
+    res = subprocess.run([sys.executable, "-c", CHILD, str(path), str(out), TEXT, "repack" if repack else "plain"],
+                         cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return np.load(out), json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def _probs(logits: np.ndarray) -> np.ndarray:
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+@needs_kernels
+@pytest.mark.parametrize("name", ["gemma3-270m", pytest.param("qwen2.5-coder-1.5b", marks=pytest.mark.slow)])
+def test_small_batch_logits_match_the_unpatched_module(name, tmp_path):
+    """Batches of 1..8 rows after the same 16-token prefill. For 1-3 rows the unpatched module runs
+    one per-row kernel call per weight row and token (Q6_K vec_dot, the repacked Q4_K gemv), which
+    the small-batch kernels reproduce for every row: the logits are equal bit for bit. From 4 rows
+    on it runs the 4-row Q4_K kernel (and tiled Q6_K at 8), whose float sums are ordered otherwise:
+    every row keeps its top token and no token's probability moves by more than 0.15. Gemma-3-270M's
+    Q4_K_M holds Q6_K and Q4_K tensors; the real 1.5B target, when installed, 354 MB of Q6_K and
+    757 MB of Q4_K."""
+    from models import resolve_local
+
+    path = resolve_local(name)
+    if path is None:
+        pytest.skip(f"{name} is not installed")
+    got, info = _logits(path, tmp_path / "smallbatch.npy", "smallbatch")
+    ref, ref_info = _logits(path, tmp_path / "stock.npy", "stock")
+    off, _ = _logits(path, tmp_path / "off.npy", "smallbatch", {"GGML_CPU_SMALLBATCH": "0"})
+    assert info["kernels"] == "smallbatch" and ref_info["kernels"] == "stock"
+    assert got.shape == ref.shape == (36, ref.shape[1])  # 1 + 2 + ... + 8 rows
+    assert float(np.max(np.abs(off - ref))) == 0.0  # the switch gives the unpatched arithmetic back
+    assert (got.argmax(axis=1) == ref.argmax(axis=1)).all()
+    a, b = _by_k(got), _by_k(ref)
+    for k in range(1, 9):
+        if k <= 3:
+            assert float(np.max(np.abs(a[k] - b[k]))) == 0.0, f"K={k}: the per-row kernels' logits differ"
+        else:
+            moved = float(np.max(np.abs(_probs(a[k]) - _probs(b[k]))))
+            assert moved < 0.15, f"K={k}: a token's probability moved by {moved}"
+
+
+@needs_kernels
+def test_q6_k_kernel_equals_vec_dot_for_every_batch_size(gemma_path, tmp_path):
+    """With ggml's tiled K-quant path and weight repacking off in both, the unpatched module runs
+    every K-quant mat-mul as one vec_dot per weight row and token, whatever the batch; the
+    small-batch Q6_K kernel, 1-8 tokens at a time, gives the same logits bit for bit (Gemma-3-270M's
+    Q6_K ffn_down tensors are the ones it computes)."""
+    tiled_off = {"GGML_CPU_TILED_MM": "0"}
+    got, _ = _logits(gemma_path, tmp_path / "smallbatch.npy", "smallbatch", tiled_off, repack=False)
+    ref, _ = _logits(gemma_path, tmp_path / "stock.npy", "stock", tiled_off, repack=False)
+    assert float(np.max(np.abs(got - ref))) == 0.0
+
+
+@needs_kernels
+def test_fast_mode_runs_the_small_batch_modules_and_stock_is_one_switch_away(smollm2):
+    info = runtime.backend_info()
+    if os.environ.get("EDGESPEC_KERNELS") == "stock":
+        assert info.kernels == "stock"
+    else:
+        assert info.kernels == "smallbatch" and Path(info.module).parent == KERNELS
+    res = subprocess.run([sys.executable, "-c", "from edgespec import runtime; import json; "
+                          "print(json.dumps(runtime.backend_info().to_dict()))"],
+                         cwd=ROOT, env={**os.environ, "EDGESPEC_KERNELS": "stock"},
+                         capture_output=True, text=True, timeout=120)
+    assert json.loads(res.stdout)["kernels"] == "stock"
+
+
+@needs_kernels
+def test_exact_mode_keeps_its_own_kernels():
+    """--exact's bit-identical guarantee rests on its llamafile-off modules: never the small-batch set."""
+    if not backend.exact_available():
+        pytest.skip("exact-mode kernels not built")
+    res = subprocess.run([sys.executable, "-c", "from edgespec import runtime; import json; runtime.set_mode('exact'); "
+                          "print(json.dumps(runtime.backend_info().to_dict()))"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["kernels"] == "stock"
+
+
+@needs_kernels
+def test_a_rejected_module_is_not_loaded(tmp_path):
+    """The build check records a module that crashed or differed; fast mode then loads the unpatched one."""
+    manifest = backend.read_manifest(backend.lib_dir())
+    variant = runtime.backend_info().variant
+    rejected = {"checked": {backend.this_cpu().signature: {"kernels": {"crashed": [variant]}}}}
+    assert backend._kernel_module(variant, backend.this_cpu().signature, manifest) is not None or \
+        os.environ.get("EDGESPEC_KERNELS") == "stock"
+    env_dir = os.environ.pop("EDGESPEC_KERNEL_MODULES", None)
+    try:
+        assert backend._kernel_module(variant, backend.this_cpu().signature, rejected) is None
+    finally:
+        if env_dir is not None:
+            os.environ["EDGESPEC_KERNEL_MODULES"] = env_dir
+
+
+def test_benchmark_rows_parse_and_refuse_nonsense():
+    from benchmarks.verify_kernels import parse_rows
+    from edgespec.errors import EdgeSpecError
+
+    assert parse_rows("1-4,8,16") == [1, 2, 3, 4, 8, 16]
+    for bad in ("", "0-3", "a", "1-", "65"):
+        with pytest.raises(EdgeSpecError):
+            parse_rows(bad)
