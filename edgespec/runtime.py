@@ -76,6 +76,16 @@ def set_mode(mode: str) -> None:
     _mode = mode
 
 
+def resolve_flash_attn(flash_attn: FlashAttn, remote: bool = False) -> FlashAttn:
+    """'auto' is 'off' where every layer runs on this machine's CPU: llama.cpp's CPU flash-attention
+    path made verification passes slower at every row count measured (docs/kernels.md); on GPU or
+    RPC devices llama.cpp decides. 'on' and 'off' are kept."""
+    if flash_attn == "auto" and not remote and not backend_info().others and not int(
+            os.environ.get("EDGESPEC_GPU_LAYERS", "0")):
+        return "off"
+    return flash_attn
+
+
 def mode() -> str:
     return _mode
 
@@ -249,6 +259,7 @@ class Model:
         cparams.n_seq_max = 1
         cparams.n_threads = n_threads
         cparams.n_threads_batch = n_threads
+        flash_attn = resolve_flash_attn(flash_attn, bool(devices))
         cparams.flash_attn_type = _FLASH[flash_attn]
         # Per-token hidden states (for learned drafters) are switched on per decode call
         # (`decode(..., hidden=True)`); with no pooling they are the final norm's output rows.

@@ -72,9 +72,12 @@ static inline __attribute__((always_inline)) void sb_q4_Kx8_q8_K(int n, float * 
             const __m256 dmin    = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) w[b].dmin));
             __m256i isum[GGML_SMALLBATCH_MAX_COLS];
             __m256i imin[GGML_SMALLBATCH_MAX_COLS];
+            __m256i pair_sums[GGML_SMALLBATCH_MAX_COLS];  // lane sb: sums of sub-blocks 2sb, 2sb+1 (int16 each)
             for (int r = 0; r < nr; ++r) {
                 isum[r] = _mm256_setzero_si256();
                 imin[r] = _mm256_setzero_si256();
+                const __m256i bsums = _mm256_loadu_si256((const __m256i *) ((const block_q8_K *) vy[r] + b)->bsums);
+                pair_sums[r] = _mm256_castsi128_si256(_mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1)));
             }
             for (int sb = 0; sb < QK_K / 64; ++sb) {
                 // q[h][k]: sub-block 2sb+h, weights 4k..4k+3 of each row (lanes 0 4 1 5 2 6 3 7)
@@ -100,23 +103,16 @@ static inline __attribute__((always_inline)) void sb_q4_Kx8_q8_K(int n, float * 
                 const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(_mm_shuffle_epi32(sm0, 0x4e), _mm_shuffle_epi32(sm1, 0x4e)));
 
                 for (int r = 0; r < nr; ++r) {
-                    const block_q8_K * y = (const block_q8_K *) vy[r] + b;
-                    const int8_t * a = y->qs + sb * 64;
+                    const int8_t * a = ((const block_q8_K *) vy[r] + b)->qs + sb * 64;
                     __m256i s0 = _mm256_setzero_si256();
                     __m256i s1 = _mm256_setzero_si256();
-                    for (int k = 0; k < 8; ++k) {
-                        int32_t a0, a1;
-                        memcpy(&a0, a + 4 * k, 4);
-                        memcpy(&a1, a + 32 + 4 * k, 4);
-                        s0 = SB_DPBUSD(s0, q[0][k], _mm256_set1_epi32(a0));
-                        s1 = SB_DPBUSD(s1, q[1][k], _mm256_set1_epi32(a1));
+                    for (int k = 0; k < 8; ++k) {  // activations 4k..4k+3 of each sub-block, in every lane
+                        s0 = SB_DPBUSD(s0, q[0][k], _mm256_broadcastd_epi32(_mm_loadu_si32(a + 4 * k)));
+                        s1 = SB_DPBUSD(s1, q[1][k], _mm256_broadcastd_epi32(_mm_loadu_si32(a + 32 + 4 * k)));
                     }
                     isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(_mm256_mullo_epi32(s0, sc0), _mm256_mullo_epi32(s1, sc1)));
-                    // the activations' sums of the two sub-blocks, as one 32-bit pair
-                    const int16_t m0 = (int16_t) (y->bsums[4 * sb + 0] + y->bsums[4 * sb + 1]);
-                    const int16_t m1 = (int16_t) (y->bsums[4 * sb + 2] + y->bsums[4 * sb + 3]);
-                    const __m256i sums = _mm256_set1_epi32((int32_t) (((uint32_t) (uint16_t) m1 << 16) | (uint16_t) m0));
-                    imin[r] = _mm256_add_epi32(imin[r], _mm256_madd_epi16(sums, mins));
+                    // the activations' sums of sub-blocks 2sb and 2sb+1 (one 32-bit pair) times the mins
+                    imin[r] = _mm256_add_epi32(imin[r], _mm256_madd_epi16(_mm256_permutevar8x32_epi32(pair_sums[r], _mm256_set1_epi32(sb)), mins));
                 }
             }
             for (int r = 0; r < nr; ++r) {
