@@ -2,6 +2,8 @@
 
     .venv/bin/python -m benchmarks.verify_kernels [--models qwen2.5-coder-1.5b,gemma3-270m] [--rounds 7]
         [--rows 1-16] [--threads N] [--flash-attn off|on|auto] [--at 512]
+    .venv/bin/python -m benchmarks.verify_kernels --e2e [--models qwen2.5-coder-1.5b]
+        [--drafts ngram,model:qwen2.5-coder-0.5b] [--max-tokens 96] [--repeats 3]
 
 Each model is loaded twice, in two child processes: one runs the small-batch kernel modules the
 set-up built (native/smallbatch), the other the unpatched llama.cpp modules (EDGESPEC_KERNELS=stock).
@@ -9,6 +11,13 @@ The parent asks them for one round at a time, alternating, so that machine noise
 round times one pass over K rows (logits on every row, `--at` tokens of context before them) for
 every K. The table gives medians over rounds: T(1) in ms, T(K)/T(1) for both, and the patched pass's
 cost relative to the stock one, plus the spread (max/min of T(1) over rounds) to judge the run by.
+
+--e2e measures what that does to generation: each child runs the target as a session (gamma auto,
+greedy, chat framing) on the code-edit suite and the open-ended coder prompts (code_open), plain and
+with each drafter; requests alternate between the two kernel sets, repeats rotate the order, and the
+table gives median tokens/s, the speedup over plain within each kernel set, acceptance, the draft
+lengths gamma auto chose, and small-batch over stock for the same configuration. Each kernel set
+measures its own cost profile, so gamma auto plans with its own T(K).
 """
 
 from __future__ import annotations
@@ -74,15 +83,45 @@ def child(model_name: str, rows: list[int], threads: int | None, flash_attn: str
     return 0
 
 
+def e2e_child(model_name: str, threads: int | None) -> int:
+    """Serve generation requests (JSON lines: text, draft, max_tokens) with one session."""
+    from edgespec.loader import RuntimeOptions
+    from edgespec.session import Request, Session
+
+    session = Session.load(model_name, RuntimeOptions(n_threads=threads))
+    session.run(Request(text="Say hi.", framing="question", draft="none", gamma="0", max_tokens=4))
+    info = runtime_info()
+    print(json.dumps({"ready": True, **info}), flush=True)
+    for line in sys.stdin:
+        if not line.strip():
+            break
+        q = json.loads(line)
+        reply = session.run(Request(text=q["text"], framing="question", draft=q["draft"], gamma="auto",
+                                    max_tokens=q["max_tokens"]))
+        st = reply.stats
+        print(json.dumps({"tokens": reply.tokens, "tok_s": st.tokens_per_s, "generated": st.generated,
+                          "drafted": st.drafted, "accepted": st.accepted, "calls": st.target_calls,
+                          "gamma_hist": {str(k): v for k, v in st.gamma_hist.items()}}), flush=True)
+    session.close()
+    return 0
+
+
+def runtime_info() -> dict:
+    from edgespec import runtime
+
+    info = runtime.backend_info()
+    return {"kernels": info.kernels, "variant": info.variant}
+
+
 class Child:
-    def __init__(self, model: str, kernels: str, args: argparse.Namespace) -> None:
+    def __init__(self, model: str, kernels: str, args: argparse.Namespace, e2e: bool = False) -> None:
         env = {**os.environ}
         if kernels == "stock":
             env["EDGESPEC_KERNELS"] = "stock"
         else:
             env.pop("EDGESPEC_KERNELS", None)
         cmd = [sys.executable, "-m", "benchmarks.verify_kernels", "--child", model, "--rows", args.rows,
-               "--flash-attn", args.flash_attn, "--at", str(args.at)]
+               "--flash-attn", args.flash_attn, "--at", str(args.at)] + (["--e2e"] if e2e else [])
         if args.threads:
             cmd += ["--threads", str(args.threads)]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
@@ -101,6 +140,12 @@ class Child:
         self.proc.stdin.write("go\n")
         self.proc.stdin.flush()
         return {int(k): v for k, v in self._read().items()}
+
+    def ask(self, request: dict) -> dict:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
 
     def close(self) -> None:
         if self.proc.stdin:
@@ -143,6 +188,70 @@ def measure(model: str, args: argparse.Namespace) -> None:
     print()
 
 
+def measure_e2e(model: str, args: argparse.Namespace) -> None:
+    from edgespec.suites import load_suites
+
+    prompts = load_suites(["code_edit", "code_open"])
+    configs = ["none", *[d.strip() for d in args.drafts.split(",") if d.strip()]]
+    children = {"smallbatch": Child(model, "smallbatch", args, e2e=True), "stock": Child(model, "stock", args, e2e=True)}
+    res: dict = {}  # (kernels, config, prompt id) -> list of replies
+    try:
+        if children["smallbatch"].kernels != "smallbatch":
+            raise EdgeSpecError("the small-batch kernel modules are not installed here (re-run scripts/setup.sh)")
+        jobs = [(p, c, k) for p in prompts for c in configs for k in children]
+        for r in range(args.repeats):
+            for i, (p, c, k) in enumerate(jobs[r % len(jobs):] + jobs[: r % len(jobs)]):
+                out = children[k].ask({"text": p.text, "draft": c, "max_tokens": args.max_tokens})
+                res.setdefault((k, c, p.id), []).append(out)
+                print(f"[{model}] repeat {r + 1}/{args.repeats}, {i + 1}/{len(jobs)}", file=sys.stderr, flush=True)
+    finally:
+        for ch in children.values():
+            ch.close()
+    groups = {"code edit": [p for p in prompts if p.category == "code_edit"],
+              "open-ended": [p for p in prompts if p.category != "code_edit"]}
+    print(f"\n### {model}: generation with each kernel set ({children['stock'].variant} CPU kernels, greedy, gamma "
+          f"auto, {args.max_tokens} tokens, medians of {args.repeats} interleaved repeats)\n")
+    print("| prompts | drafter | kernels | tok/s | speedup over plain | acceptance | draft lengths chosen (length: steps) "
+          "| small-batch / stock |")
+    print("|---|---|---|---|---|---|---|---|")
+    for gname, ps in groups.items():
+        for c in configs:
+            rate = {}
+            for k in children:
+                rate[k] = rate_of(res, k, c, ps)
+                drafted = accepted = 0
+                hist: dict[str, int] = {}
+                for p in ps:
+                    mid = median_run(res[(k, c, p.id)])
+                    drafted += mid["drafted"]
+                    accepted += mid["accepted"]
+                    for g, n in mid["gamma_hist"].items():
+                        hist[g] = hist.get(g, 0) + n
+                plain = rate_of(res, k, "none", ps)
+                acc = f"{accepted / drafted:.2f}" if drafted else "–"
+                lens = ", ".join(f"{g}: {n}" for g, n in sorted(hist.items(), key=lambda t: int(t[0]))) or "–"
+                ratio = f"{rate[k] / rate_of(res, 'stock', c, ps):.2f}x" if k == "smallbatch" else ""
+                print(f"| {gname} ({len(ps)}) | {c} | {k} | {rate[k]:.1f} | {rate[k] / plain:.2f}x | {acc} | {lens} | {ratio} |")
+    same = sum(res[("smallbatch", c, p.id)][0]["tokens"] == res[("stock", c, p.id)][0]["tokens"]
+               for p in prompts for c in configs)
+    print(f"\nsame tokens from both kernel sets: {same} of {len(prompts) * len(configs)} generations")
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The repeat with the median tokens/s."""
+    return sorted(runs, key=lambda o: o["tok_s"])[len(runs) // 2]
+
+
+def rate_of(res: dict, kernels: str, config: str, prompts: list) -> float:
+    """Tokens/s of a group of prompts: their tokens over their seconds, each prompt at its median repeat."""
+    toks = secs = 0.0
+    for p in prompts:
+        mid = median_run(res[(kernels, config, p.id)])
+        toks += mid["generated"]
+        secs += mid["generated"] / mid["tok_s"] if mid["tok_s"] else 0.0
+    return toks / secs if secs else 0.0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.verify_kernels", description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="qwen2.5-coder-1.5b,gemma3-270m",
@@ -152,18 +261,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--flash-attn", choices=["auto", "on", "off"], default="off")
     ap.add_argument("--at", type=int, default=512, help="tokens of context before the timed passes")
+    ap.add_argument("--e2e", action="store_true", help="generation with each kernel set instead of T(K)")
+    ap.add_argument("--drafts", default="ngram,model:qwen2.5-coder-0.5b", help="with --e2e: drafters besides plain")
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
+        if args.e2e:
+            return run_command(lambda: e2e_child(args.child, args.threads))
         return run_command(lambda: child(args.child, parse_rows(args.rows), args.threads, args.flash_attn, args.at))
-    if args.rounds < 1:
-        print("error: --rounds must be at least 1", file=sys.stderr)
+    if args.rounds < 1 or args.repeats < 1 or args.max_tokens < 1:
+        print("error: --rounds, --repeats and --max-tokens must be at least 1", file=sys.stderr)
         return 2
 
     def run() -> int:
         parse_rows(args.rows)
         for model in [m.strip() for m in args.models.split(",") if m.strip()]:
-            measure(model, args)
+            (measure_e2e if args.e2e else measure)(model, args)
         return 0
 
     return run_command(run)

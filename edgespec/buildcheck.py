@@ -10,7 +10,9 @@ The small-batch kernel modules (native/smallbatch, built by the set-up for the v
 runs) are checked against the unpatched module on the bundled Gemma-3-270M (Q6_K and repacked Q4_K
 tensors): batches of 1, 2 and 3 rows, where the unpatched module runs the per-row kernels that the
 small-batch ones reproduce, must give the same logits bit for bit; batches of 4 and 6, where it
-runs the 4-row Q4_K kernel (its float sums ordered differently), the same top token on every row.
+runs the 4-row Q4_K kernel (its float sums ordered differently), probabilities within 0.15 (a
+wrong kernel moves them far more; summation order moves them by hundredths, and can swap a
+near-tie's top token, so that is not asked).
 A module that crashes or fails either is recorded as rejected for this CPU, and the unpatched one
 runs instead.
 Exit status 0 when fast mode (and exact mode, when its kernels exist) has a working variant; a
@@ -94,6 +96,13 @@ def _run_child(mode: str, model_path: str, env: dict[str, str], logits_out: str 
     return res.returncode, (lines[-1] if lines else "")
 
 
+def _softmax(logits):
+    import numpy as np
+
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
 def prove_kernels(directory: Path, manifest: dict, sig: str) -> bool:
     """Does the small-batch build of fast mode's variant run here and give the unpatched module's
     logits bit for bit? Records the variant as rejected for this CPU when not."""
@@ -130,8 +139,8 @@ def prove_kernels(directory: Path, manifest: dict, sig: str) -> bool:
                 diff = float(np.max(np.abs(a[:per_row] - b[:per_row])))
                 if diff != 0.0:
                     why = f"their logits differ from the per-row kernels' by up to {diff:.3g}"
-                elif not (a.argmax(axis=1) == b.argmax(axis=1)).all():
-                    why = "a row's top token differs from the unpatched module's"
+                elif (moved := float(np.max(np.abs(_softmax(a[per_row:]) - _softmax(b[per_row:]))))) > 0.15:
+                    why = f"a token's probability differs from the unpatched module's by {moved:.2f}"
     if why is not None:
         entry["crashed"] = [variant]
         _say(f"the small-batch {variant} kernels are not used on this CPU ({why}); the unpatched kernels run")
@@ -225,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = True
     for mode, directory in modes:
         ok = prove(mode, directory, args.model, manifest, cpu.signature) and ok
-    if ok and manifest.get("kernel_modules"):
+    if ok and args.kernel_modules:  # the set-up names them once they are built for this variant
         prove_kernels(Path(manifest["kernel_modules"]), manifest, cpu.signature)
     if args.dry_run:
         return 0 if ok else 1
