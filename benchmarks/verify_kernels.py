@@ -3,7 +3,8 @@
     .venv/bin/python -m benchmarks.verify_kernels [--models qwen2.5-coder-1.5b,gemma3-270m] [--rounds 7]
         [--rows 1-16] [--threads N] [--flash-attn off|on|auto] [--at 512]
     .venv/bin/python -m benchmarks.verify_kernels --e2e [--models qwen2.5-coder-1.5b]
-        [--drafts ngram,model:qwen2.5-coder-0.5b] [--max-tokens 96] [--repeats 3]
+        [--drafts ngram,model:qwen2.5-coder-0.5b] [--max-tokens 96] [--repeats 3] [--edit-prompts 2]
+        [--open-prompts 3]
 
 Each model is loaded twice, in two child processes: one runs the small-batch kernel modules the
 set-up built (native/smallbatch), the other the unpatched llama.cpp modules (EDGESPEC_KERNELS=stock).
@@ -191,7 +192,7 @@ def measure(model: str, args: argparse.Namespace) -> None:
 def measure_e2e(model: str, args: argparse.Namespace) -> None:
     from edgespec.suites import load_suites
 
-    prompts = load_suites(["code_edit", "code_open"])
+    prompts = load_suites(["code_edit"])[: args.edit_prompts] + load_suites(["code_open"])[: args.open_prompts]
     configs = ["none", *[d.strip() for d in args.drafts.split(",") if d.strip()]]
     children = {"smallbatch": Child(model, "smallbatch", args, e2e=True), "stock": Child(model, "stock", args, e2e=True)}
     res: dict = {}  # (kernels, config, prompt id) -> list of replies
@@ -264,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--e2e", action="store_true", help="generation with each kernel set instead of T(K)")
     ap.add_argument("--drafts", default="ngram,model:qwen2.5-coder-0.5b", help="with --e2e: drafters besides plain")
     ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--edit-prompts", type=int, default=2, help="with --e2e: the first N code-edit prompts")
+    ap.add_argument("--open-prompts", type=int, default=3, help="with --e2e: the first N open-ended coder prompts")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
