@@ -72,25 +72,45 @@ def test_distill_refuses_a_folder_whose_manifest_is_not_a_drafters_and_leaves_it
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ext"]  # nothing set aside or left behind
 
 
-@pytest.mark.slow
-def test_distill_into_an_older_drafter_replaces_only_its_own_files(tmp_path):
+def test_distill_export_replaces_only_its_own_files_and_new_folders_are_not_0700(tmp_path, capfd):
     """An older drafter's folder may hold the user's own notes: they stay, and so do its permissions;
-    onnxruntime's INFO lines stay out of stderr."""
-    out = tmp_path / "drafter"
-    out.mkdir()
-    (out / fmt.MANIFEST).write_text(json.dumps({"format": fmt.FORMAT, "version": fmt.VERSION, "target": {}}))
-    (out / fmt.ONNX_FILE).write_bytes(b"an older graph")
-    (out / "NOTES.md").write_text("how I made it\n")
-    out.chmod(0o750)
-    res = run_app("distill", "--target", MODEL, "--out", str(out), "--budget-minutes", "0.4", "--vocab", "512",
-                  "--hidden", "16", "--max-new-tokens", "8", timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert "[INFO]" not in res.stderr, res.stderr[-3000:]
-    assert (out / "NOTES.md").read_text() == "how I made it\n"
-    assert stat.S_IMODE(out.stat().st_mode) == 0o750
-    assert fmt.Manifest.read(out).target and (out / fmt.ONNX_FILE).read_bytes() != b"an older graph"
-    assert sorted(p.name for p in out.iterdir()) == sorted([fmt.MANIFEST, fmt.ONNX_FILE, "NOTES.md"])
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["drafter"]
+    a new drafter folder gets the umask's permissions; onnxruntime's INFO lines stay out of stderr.
+    (`distill.export` on a small trained model: the command's last step, without the minutes before it.)"""
+    import numpy as np
+
+    from edgespec import distill
+
+    rng = np.random.default_rng(0)
+    n_embd, n_vocab = 32, 64
+    seqs = [distill.Record(rng.integers(0, n_vocab, 24).astype(np.int32),
+                           rng.standard_normal((24, n_embd)).astype(np.float16),
+                           rng.integers(0, n_vocab, 24).astype(np.int32), "corpus", f"q{i}") for i in range(3)]
+    table = rng.standard_normal((n_vocab, n_embd)).astype(np.float32)  # token embeddings and output rows
+    subset = np.arange(16)
+    trainer = distill.Trainer(distill.build_dataset(seqs), lambda ids: table[np.asarray(ids)], table[subset], 32, 0)
+    trainer.step(np.arange(8), 1e-3)
+
+    def manifest() -> fmt.Manifest:
+        return fmt.Manifest(target={"architecture": "test"}, n_embd=n_embd, vocab_subset=[int(t) for t in subset])
+
+    older = tmp_path / "older"
+    older.mkdir()
+    (older / fmt.MANIFEST).write_text(json.dumps({"format": fmt.FORMAT, "version": fmt.VERSION, "target": {}}))
+    (older / fmt.ONNX_FILE).write_bytes(b"an older graph")
+    (older / "NOTES.md").write_text("how I made it\n")
+    older.chmod(0o750)
+    distill.export(older, trainer, subset, manifest())
+    assert (older / "NOTES.md").read_text() == "how I made it\n" and stat.S_IMODE(older.stat().st_mode) == 0o750
+    assert fmt.Manifest.read(older).target == {"architecture": "test"}
+    assert (older / fmt.ONNX_FILE).read_bytes() != b"an older graph"
+    assert sorted(p.name for p in older.iterdir()) == sorted([fmt.MANIFEST, fmt.ONNX_FILE, "NOTES.md"])
+
+    umask = os.umask(0)
+    os.umask(umask)
+    new = distill.export(tmp_path / "new", trainer, subset, manifest())
+    assert stat.S_IMODE(new.stat().st_mode) == 0o777 & ~umask  # a folder like any other, not mkdtemp's 0700
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new", "older"]  # nothing set aside or left behind
+    assert "[INFO]" not in capfd.readouterr().err
 
 
 # ----------------------------------------------------------------------------- 2. catalog paths
