@@ -46,7 +46,7 @@ from edgespec.errors import EdgeSpecError
 from edgespec.sampling import SamplingParams
 from edgespec.session import FRAMINGS, Reply, Request, parse_gamma
 from edgespec.stats import Stats
-from edgespec.suites import Prompt, load_suites
+from edgespec.suites import Prompt, load_suites, shipped_suites, suite_path
 
 
 @dataclass
@@ -91,6 +91,10 @@ class BenchSettings:
             raise EdgeSpecError("--draft names a candidate drafter (ngram or a draft model); the baseline always runs")
         for g in self.gammas:
             parse_gamma(g)  # a bad gamma fails before any model loads
+        for suite in self.suites:
+            if suite_path(suite).is_dir():  # the suite loader would call it "not found"
+                raise EdgeSpecError(f"--suite {suite} is a folder; give a suite file (.jsonl) or a shipped suite: "
+                                    f"{', '.join(shipped_suites())}")
 
     @property
     def greedy(self) -> bool:
@@ -261,6 +265,13 @@ class Runner:
         self.session.close()
 
 
+def _no_drafts(cfg: Config, runs: Sequence[Run]) -> bool:
+    """True for a configuration of ours that drafted nothing in any run: it did the baseline's work
+    (plain decoding through the same engine), so its speedup is 1.00x, not the ratio of two timings
+    that differ only by the machine's noise (a `--repeats 1` run printed 1.72x with no drafts)."""
+    return cfg.kind == "ours" and all(r.stats is not None and not r.stats.drafted for r in runs)
+
+
 def _median_run(runs: list[Run]) -> Run:
     order = sorted(runs, key=lambda r: r.tokens_per_s)
     return order[(len(order) - 1) // 2]
@@ -307,7 +318,8 @@ def bench_prompt(runner: Runner, pr: Prompt, tokens: list[int], stop: threading.
             "kind": cfg.kind,
             "tokens_per_s": tps,
             "tokens_per_s_runs": [r.tokens_per_s for r in rs],
-            "speedup": tps / base_tps,
+            "speedup": 1.0 if _no_drafts(cfg, rs) else tps / base_tps,
+            "no_drafts": _no_drafts(cfg, rs),
             # the median run's tokens (llama.cpp: its own count), which its tokens/s counted
             "generated": rep.stats.generated if cfg.kind == "llama.cpp" else len(rep.tokens),
             "tokens": rs[0].tokens,
@@ -380,6 +392,9 @@ def aggregate(prompts: list[dict], names: list[str], cost_models: dict[str, Cost
         base = row[BASELINE]["tokens_per_s"]
         for name in names:
             row[name]["speedup"] = row[name]["tokens_per_s"] / base if base else 0.0
+            if all(p["results"][name].get("no_drafts") for p in ps):
+                row[name]["speedup"] = 1.0  # plain decoding on every prompt (`_no_drafts`)
+                row[name]["no_drafts"] = True
         if REF_PLAIN in row:
             own = row[REF_PLAIN]["tokens_per_s"]
             for name in (REF_PLAIN, REF_LOOKUP):

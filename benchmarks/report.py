@@ -206,6 +206,7 @@ def summary_lines(res: dict) -> list[str]:
     for name, c in overall.items():
         extra = f", own baseline {c['speedup_vs_own_baseline']:.2f}x" if "speedup_vs_own_baseline" in c else ""
         ident = f", identical {c['identical']}/{c['prompts']}" if "identical" in c else ""
+        extra += " (drafted nothing: plain decoding)" if c.get("no_drafts") else ""
         out.append(f"{name:28s} {c['tokens_per_s']:7.1f} tok/s  {c['speedup']:.2f}x{extra}{ident}")
     vs = versus_llamacpp(res)
     if vs:

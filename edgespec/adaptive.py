@@ -272,14 +272,19 @@ class AutoGamma:
         head = f"gamma auto: plain decoding on {d['plain_steps']} of {d['steps']} steps"
         if d["nothing_to_draft"] * 2 >= d["steps"]:
             return f"{head}: the drafter had nothing to propose on {d['nothing_to_draft']} (no match in the context)"
-        alpha = (f"alpha {d['alpha']:.2f} (measured over {d['tested']} tokens)" if d["alpha_measured"]
-                 else f"even at alpha {d['alpha']:.2f} (not measured: probing could not pay)")
+        pays = d["best_gamma"] and d["best_speedup"] >= d["needs"]
+        if d["alpha_measured"]:
+            alpha = f"alpha {d['alpha']:.2f} (measured over {d['tested']} tokens)"
+        elif pays:  # it could have paid at the assumed alpha: no draft was tried, but not for that reason
+            alpha = f"alpha not measured (no draft tried; assumed {d['alpha']:.2f})"
+        else:
+            alpha = f"even at alpha {d['alpha']:.2f} (not measured: probing could not pay)"
         best = (f"best {d['best_speedup']:.2f}x here (gamma {d['best_gamma']})" if d["best_gamma"]
                 else "no draft length can be verified here")
         figures = f"{alpha}, draft cost c {d['c']:.2f} of a target pass, T(2)/T(1) {d['t_ratio_2']:.2f}: {best}"
-        if d["alpha_measured"] and d["best_speedup"] >= d["needs"]:
-            # drafting pays on average, but the estimate for what the drafter offered on those steps
-            # (a short match, an uncertain state) did not
+        if pays:
+            # drafting pays at that alpha, but the estimate for what the drafter offered on those
+            # steps (a short match, an uncertain state) did not
             return f"{head}: {figures}, yet the proposals of those steps were estimated below {d['needs']:.2f}x; declined there"
         return f"{head}: {figures}, needs {d['needs']:.2f}x; declined"
 

@@ -21,6 +21,18 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+def not_empty(what: str) -> Callable[[str], str]:
+    """An argparse type for a flag whose empty value would otherwise quietly mean its default
+    (`--draft ""` ran plain decoding, `--rpc ""` ran locally): refused in one line saying `what`."""
+
+    def check(value: str) -> str:
+        if not value.strip():
+            raise argparse.ArgumentTypeError(f"empty value; {what}")
+        return value
+
+    return check
+
+
 def add_runtime_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--ctx", type=int, default=4096, help="context size in tokens (default 4096, at least 256)")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: all available cores)")
@@ -38,8 +50,12 @@ def add_generation_args(ap: argparse.ArgumentParser) -> None:
     from edgespec.session import FRAMINGS
 
     names = " | ".join(["none", *kinds()])
-    ap.add_argument("--target", default=None, help="target model: .gguf path or name (default smollm2-135m)")
-    ap.add_argument("--draft", default="ngram", help=f"{names}[:ARG] | a draft model path or name (default ngram)")
+    ap.add_argument("--target", default=None, type=not_empty("give a .gguf path or a model name, or leave --target out "
+                                                              "for smollm2-135m"),
+                    help="target model: .gguf path or name (default smollm2-135m)")
+    ap.add_argument("--draft", default="ngram", type=not_empty("write --draft none for plain decoding, or one of "
+                                                               f"{names}"),
+                    help=f"{names}[:ARG] | a draft model path or name (default ngram)")
     ap.add_argument("--gamma", default="auto", help="draft length per step: a number, or auto (default)")
     lo, hi = NGRAM_SIZES
     ap.add_argument("--ngram", default=f"{lo},{hi}", help=f"n-gram sizes for the ngram drafter as MIN,MAX (default {lo},{hi})")
@@ -48,7 +64,7 @@ def add_generation_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--top-k", type=int, default=0)
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--min-p", type=float, default=0.0)
-    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=None, help="seed for sampling, 0 to 2^64-1 (default, or -1: random)")
     ap.add_argument(
         "--verifier",
         choices=["rejection", "match"],
@@ -66,8 +82,11 @@ def add_generation_args(ap: argparse.ArgumentParser) -> None:
                     help="prefill every prompt in full instead of reusing the KV cache of the longest prefix "
                     "already decoded (earlier turns of a chat)")
     ap.add_argument("--rpc", default=None, metavar="HOST:PORT[,HOST:PORT...]",
+                    type=not_empty("give HOST:PORT of an rpc-server, or leave --rpc out to run on this machine"),
                     help="run the target's layers on these llama.cpp rpc-servers (python app.py rpc-server); the "
-                    "drafter stays on this machine")
+                    "drafter stays on this machine. Fast mode only: --exact cannot run over RPC, so greedy "
+                    "speculative output can differ from plain decoding where the top two logits nearly tie "
+                    "(docs/rpc.md)")
     add_runtime_args(ap)
 
 

@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--headless", action="store_true", help="generate in the terminal instead of opening the UI "
                     "(implied by --prompt, --prompt-file and --chat-file)")
     ap.add_argument("--prompt", default=None)
-    ap.add_argument("--prompt-file", default=None)
+    ap.add_argument("--prompt-file", default=None, help="read the prompt from this file (- reads stdin)")
     ap.add_argument("--chat-file", default=None, metavar="FILE",
                     help="multi-turn chat: JSON lines ({\"role\": \"user\"|\"system\", \"content\": ...} or a JSON "
                     "string), one reply per user line, earlier turns kept in the KV cache; - reads stdin (plain lines too)")
@@ -46,10 +46,30 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def utf8(text: str, flag: str) -> str:
+    """`text` from the command line, refused in one line when it is not UTF-8: Python keeps such
+    bytes as lone surrogates (surrogateescape), which the tokenizer cannot encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        byte = ord(text[exc.start]) - 0xDC00 if 0xDC80 <= ord(text[exc.start]) <= 0xDCFF else None
+        what = f"byte 0x{byte:02x}" if byte is not None else f"character {text[exc.start]!r}"
+        raise EdgeSpecError(f"{flag} is not valid UTF-8 text ({what} at character {exc.start}); "
+                            "pass UTF-8, or put the text in a file for --prompt-file") from None
+    return text
+
+
 def read_prompt(args: argparse.Namespace) -> str:
     if args.prompt is not None and args.prompt_file is not None:
         raise EdgeSpecError("give --prompt or --prompt-file, not both")
-    if args.prompt_file is not None:
+    if args.system is not None:
+        utf8(args.system, "--system")
+    if args.prompt_file == "-":  # stdin, as --chat-file - reads it
+        try:
+            text = sys.stdin.buffer.read().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise EdgeSpecError(f"the prompt on stdin is not UTF-8 text (at byte {exc.start})") from None
+    elif args.prompt_file is not None:
         p = Path(args.prompt_file)
         if not p.exists():
             raise EdgeSpecError(f"prompt file not found: {p}")
@@ -62,7 +82,7 @@ def read_prompt(args: argparse.Namespace) -> str:
         except OSError as exc:
             raise EdgeSpecError(f"cannot read prompt file {p}: {exc.strerror}") from None
     elif args.prompt is not None:
-        text = args.prompt
+        text = utf8(args.prompt, "--prompt")
     else:
         raise EdgeSpecError("--headless needs --prompt TEXT or --prompt-file FILE")
     if not text.strip():
@@ -79,6 +99,7 @@ def headless(args: argparse.Namespace) -> int:
     req = Request.from_args(args, read_prompt(args))
     session = Session.load(args.target or DEFAULT_TARGET, runtime_options(args))
     session.on_profile = profile_progress(session.target.path)
+    context_note(session.target)
     colour = not args.no_color and not args.json and sys.stdout.isatty()
     reply = Reply()
     interrupted = False
@@ -130,6 +151,8 @@ def chat_lines(args: argparse.Namespace):
         lines = enumerate(sys.stdin, 1)
     else:
         p = Path(args.chat_file)
+        if p.is_dir():
+            raise EdgeSpecError(f"chat file is a directory: {p}")
         if not p.is_file():
             raise EdgeSpecError(f"chat file not found: {p}")
         try:
@@ -153,10 +176,27 @@ def chat_lines(args: argparse.Namespace):
         if not isinstance(item, dict) or not isinstance(item.get("content"), str) or \
                 item.get("role", "user") not in ("user", "system"):
             raise EdgeSpecError(f"{where}:{no}: want {{\"role\": \"user\" or \"system\", \"content\": TEXT}} or a string")
+        if not item["content"].strip():
+            raise EdgeSpecError(f"{where}:{no}: the {item.get('role', 'user')} message is empty")
         return no, item.get("role", "user"), item["content"]
 
+    def ordered(items):
+        """A system message comes first, once, and not beside --system (checked line by line, so a
+        file fails before the model loads)."""
+        talked = system = False
+        for no, role, content in items:
+            if role == "system":
+                if args.system is not None:
+                    raise EdgeSpecError(f"{where}:{no}: a system message here and --system as well; give one of them")
+                if talked or system:
+                    raise EdgeSpecError(f"{where}:{no}: a system message goes first, once (before any user message)")
+                system = True
+            else:
+                talked = True
+            yield no, role, content
+
     parsed = (parse(no, line) for no, line in lines)
-    return (x for x in parsed if x is not None)
+    return ordered(x for x in parsed if x is not None)
 
 
 def headless_chat(args: argparse.Namespace) -> int:
@@ -165,6 +205,8 @@ def headless_chat(args: argparse.Namespace) -> int:
     from edgespec.session import Conversation, Request, Session, runtime_options
     from models import DEFAULT_TARGET
 
+    if args.system is not None:
+        utf8(args.system, "--system")
     items = chat_lines(args)
     if args.chat_file != "-":
         items = list(items)
@@ -174,14 +216,13 @@ def headless_chat(args: argparse.Namespace) -> int:
     convo = Conversation(settings)
     session = Session.load(args.target or DEFAULT_TARGET, runtime_options(args))
     session.on_profile = profile_progress(session.target.path)
+    context_note(session.target)
     colour = not args.no_color and not args.json and sys.stdout.isatty()
     turn = 0
     noted = False
     try:
-        for no, role, content in items:
-            if role == "system":
-                if turn or convo.system:
-                    raise EdgeSpecError(f"line {no}: a system message goes first, once (or use --system)")
+        for _, role, content in items:
+            if role == "system":  # first and once (chat_lines)
                 convo.system = content
                 continue
             turn += 1
@@ -212,17 +253,33 @@ def headless_chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def context_note(model) -> None:
+    """A note when --ctx goes beyond the context the model was trained for: llama.cpp runs it, but
+    positions past the trained length give text that loses its thread."""
+    trained = model.info.n_ctx_train
+    if trained and model.n_ctx > trained:
+        print(f"note: --ctx {model.n_ctx} is more than the {trained} tokens {Path(model.path).name} was trained "
+              f"for; text beyond {trained} tokens may lose its coherence", file=sys.stderr)
+
+
 def profile_progress(model_path: str) -> Callable[[float], None]:
     """What the terminal shows while a cost profile is measured (the first use of a model with a
     set-up takes seconds to minutes before any text): a line on stderr, counting up on a terminal."""
+    from edgespec.costs import unwritable
+
     tty = sys.stderr.isatty()
-    what = f"measuring the pass costs of {Path(model_path).stem} (once per set-up, kept for next time)"
+    why = unwritable()
+    kept = "not kept: the next run measures again" if why else "once per set-up, kept for next time"
+    what = f"measuring the pass costs of {Path(model_path).stem} ({kept})"
     if tty:  # one terminal line, or the carriage return cannot redraw it
         what = what[: shutil.get_terminal_size().columns - 7]
     said = False
 
     def show(fraction: float) -> None:
         nonlocal said
+        if why and not said:
+            print(f"note: the cost profile folder {why}; set EDGESPEC_PROFILES to a folder you can write",
+                  file=sys.stderr, flush=True)
         if tty:
             sys.stderr.write(f"\r{what}: {100 * fraction:3.0f}%" + ("\n" if fraction >= 1 else ""))
             sys.stderr.flush()
@@ -299,7 +356,7 @@ def _dispatch(argv: list[str]) -> int:
     if argv and argv[0] in ("models", "quant"):  # python -m models ... / python -m quant ...
         import importlib
 
-        return importlib.import_module(f"{argv[0]}.__main__").main(argv[1:])
+        return importlib.import_module(f"{argv[0]}.__main__").main(argv[1:], prog=f"python app.py {argv[0]}")
     args = build_parser().parse_args(argv)
     # A prompt on the command line asks for an answer here, not for the UI (which would ignore it).
     if args.headless or any(x is not None for x in (args.prompt, args.prompt_file, args.chat_file)):

@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -215,7 +216,8 @@ class Profile:
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None  # missing or unreadable: measure again
 
-    def write(self, path: Path, model: Model) -> None:
+    def write(self, path: Path, model: Model) -> bool:
+        """Store the profile at `path`; False when it cannot be written (a read-only cache)."""
         be = runtime.backend_info()
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -229,12 +231,28 @@ class Profile:
             }, indent=1))
             tmp.replace(path)
         except OSError:
-            pass  # a read-only cache only costs a re-measurement next time
+            return False  # a read-only cache costs a re-measurement in the next process (`unwritable` says so)
+        return True
 
 
 # model -> its profile, so a process reads or measures it once per model (weak: a closed model's
 # entry goes with it, and a new model never inherits it)
 _loaded: weakref.WeakKeyDictionary[Model, Profile] = weakref.WeakKeyDictionary()
+# profile path -> what this process measured and could not store (an unwritable cache): a model
+# loaded again with the same set-up (the UI's pool, the bench) is not measured again
+_unstored: dict[Path, Profile] = {}
+
+
+def unwritable() -> str | None:
+    """Why profiles cannot be stored in profile_dir(), or None when they can: a profile measured
+    while it is unwritable is lost when the process ends."""
+    folder = profile_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as exc:
+        return f"{folder} cannot be written ({exc.strerror or exc})"
+    return None
 
 
 def profile_rows(max_rows: int = GAMMA_MAX + 1) -> list[int]:
@@ -252,7 +270,7 @@ def profile(model: Model, rows: Sequence[int] | None = None,
     prof = _loaded.get(model)
     path = profile_path(model)
     if prof is None:
-        prof = Profile.read(path) or Profile()
+        prof = Profile.read(path) or _unstored.get(path) or Profile()
     missing = sorted(set(rows) - set(prof.pass_s))
     probe = runtime.mode() == "exact" and prof.max_rows is None
     if missing or probe:
@@ -269,7 +287,8 @@ def profile(model: Model, rows: Sequence[int] | None = None,
                 prof.partial.pop(k, None)
         if probe:
             prof.max_rows = probe_batch_invariance(model, progress=part(share, 1.0 - share))
-        prof.write(path, model)
+        if not prof.write(path, model):
+            _unstored[path] = prof
     _loaded[model] = prof
     return prof
 
@@ -278,6 +297,7 @@ def forget(model: Model) -> None:
     """Mark the stored profile stale: the next use measures it again."""
     _loaded.pop(model, None)
     path = profile_path(model)
+    _unstored.pop(path, None)
     try:
         data = json.loads(path.read_text())
         data["stale"] = True

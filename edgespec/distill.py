@@ -21,6 +21,10 @@ manifest lists the question ids used.
 from __future__ import annotations
 
 import argparse
+import logging
+import math
+import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -62,6 +66,11 @@ class DistillConfig:
     def __post_init__(self) -> None:
         if not self.budget_minutes > 0:
             raise EdgeSpecError(f"--budget-minutes must be > 0, got {self.budget_minutes}")
+        if not math.isfinite(self.budget_minutes):
+            raise EdgeSpecError(f"--budget-minutes must be a finite number of minutes, got {self.budget_minutes}")
+        if self.max_new_tokens < 1:
+            raise EdgeSpecError(f"--max-new-tokens must be >= 1 (the length of each self-generated answer), "
+                                f"got {self.max_new_tokens}")
         if self.vocab < 16:
             raise EdgeSpecError(f"--vocab must be >= 16, got {self.vocab}")
         if self.hidden < 8:
@@ -432,6 +441,9 @@ def quantize_weights(model, block_size: int = 32):
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
     from onnxruntime.quantization.quant_utils import QuantFormat
 
+    # the quantizer's module turns on INFO logging for the whole process when imported (a line per
+    # MatMul on stderr, under the progress bar); its own loggers only need to say warnings
+    logging.getLogger("onnxruntime").setLevel(logging.WARNING)
     cfg = DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=True, accuracy_level=4, bits=8,
                                        quant_format=QuantFormat.QOperator)
     q = MatMulNBitsQuantizer(model, algo_config=cfg)
@@ -447,9 +459,18 @@ def check_out(out: Path) -> Path:
     if out.exists() or out.is_symlink():
         if not out.is_dir():
             raise EdgeSpecError(f"--out {out} is an existing file, not a drafter folder; name a new folder")
-        if any(out.iterdir()) and not (out / fmt.MANIFEST).is_file():
+        try:
+            empty = not any(out.iterdir())
+        except OSError as exc:
+            raise EdgeSpecError(f"cannot read the folder --out {out} ({exc.strerror or one_line(exc)}); "
+                                "choose another --out") from None
+        if not empty and not (out / fmt.MANIFEST).is_file():
             raise EdgeSpecError(f"--out {out} is a folder with other files and no drafter ({fmt.MANIFEST}) in it; "
                                 "name a new folder")
+        if not empty and not fmt.is_drafter_folder(out):
+            # a manifest.json of something else (a browser extension, a web app): not ours to replace
+            raise EdgeSpecError(f"--out {out} is a folder with other files and its {fmt.MANIFEST} is not an EdgeSpec "
+                                "learned drafter's; name a new folder")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -466,11 +487,13 @@ def check_out(out: Path) -> Path:
 def export(out: Path, trainer: Trainer, subset: np.ndarray, manifest: fmt.Manifest,
            heldout: Dataset | None = None) -> Path:
     """Write drafter.onnx + manifest.json into a temporary sibling folder, check the graph against
-    the numpy model in ONNX Runtime, then move it into place (replacing an older drafter)."""
+    the numpy model in ONNX Runtime, then move it into place: a new folder is renamed into place; in
+    an existing one (empty, or an older drafter) only those two files are replaced, so nothing else
+    in it is deleted and the folder keeps its permissions."""
     import onnx
 
     out = check_out(out)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.part-", dir=out.parent))
+    tmp = _new_folder(out.parent, f".{out.name}.part-")
     try:
         model = build_onnx(trainer.export_params(), trainer.head)
         onnx.save(model, str(tmp / fmt.ONNX_FILE))
@@ -501,16 +524,23 @@ def export(out: Path, trainer: Trainer, subset: np.ndarray, manifest: fmt.Manife
             (tmp / "int8.onnx").unlink()
         manifest.write(tmp)
         if out.exists():
-            old = out.with_name(f".{out.name}.old-{int(time.time())}")
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
+            for name in (fmt.ONNX_FILE, fmt.MANIFEST):  # the manifest last: it names the graph it goes with
+                os.replace(tmp / name, out / name)
+            tmp.rmdir()
         else:
             tmp.rename(out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _new_folder(parent: Path, prefix: str) -> Path:
+    """A new, uniquely named folder in `parent` with the permissions the umask gives (tempfile's
+    mkdtemp makes 0700 folders, and this one becomes the user's drafter folder)."""
+    path = parent / f"{prefix}{os.getpid()}-{secrets.token_hex(6)}"
+    path.mkdir()
+    return path
 
 
 # ----------------------------------------------------------------------------- the command

@@ -53,6 +53,16 @@ def resolve(spec: str) -> Path:
     raise EdgeSpecError(f"no learned drafter at {spec!r}{hint}")
 
 
+def is_drafter_folder(folder: Path) -> bool:
+    """True when `folder` holds a manifest that says it is one of our drafters (its own "format"
+    field, any version): a folder `distill` may write a new drafter into."""
+    try:
+        m = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(m, dict) and m.get("format") == FORMAT
+
+
 @dataclass(kw_only=True)
 class Heldout:
     """Figures measured on held-out text at the end of `distill` (None: too little text for it)."""

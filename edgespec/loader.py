@@ -14,6 +14,17 @@ from edgespec.runtime import FlashAttn, Model
 MIN_CTX = 256  # below this llama.cpp rounds the context up anyway (its minimum padding)
 
 
+def check_threads(n_threads: int | None, name: str = "threads") -> None:
+    """None (all cores) or 1 up to the cores this process may use, else a one-line error naming `name`."""
+    if n_threads is not None and n_threads < 1:
+        raise EdgeSpecError(f"{name} must be >= 1, got {n_threads}")
+    cores = len(os.sched_getaffinity(0))
+    if n_threads is not None and n_threads > cores:
+        # more threads than cores only makes llama.cpp's threads wait for each other (it sat
+        # silent for minutes with 1000 on 2 cores)
+        raise EdgeSpecError(f"{name} must be at most {cores}, the cores this process may use; got {n_threads}")
+
+
 @dataclass(frozen=True)
 class RuntimeOptions:
     """How models are loaded. `exact` selects the llamafile-off kernels, flash attention off and
@@ -31,13 +42,7 @@ class RuntimeOptions:
     def __post_init__(self) -> None:
         if self.n_ctx < MIN_CTX:
             raise EdgeSpecError(f"context size must be >= {MIN_CTX} tokens (llama.cpp's minimum), got {self.n_ctx}")
-        if self.n_threads is not None and self.n_threads < 1:
-            raise EdgeSpecError(f"threads must be >= 1, got {self.n_threads}")
-        cores = len(os.sched_getaffinity(0))
-        if self.n_threads is not None and self.n_threads > cores:
-            # more threads than cores only makes llama.cpp's threads wait for each other (it sat
-            # silent for minutes with 1000 on 2 cores)
-            raise EdgeSpecError(f"threads must be at most {cores}, the cores this process may use; got {self.n_threads}")
+        check_threads(self.n_threads)
         if self.flash_attn not in ("auto", "on", "off"):
             raise EdgeSpecError(f"flash attention must be auto, on or off, got {self.flash_attn!r}")
         if self.exact and self.flash_attn == "on":
@@ -72,9 +77,13 @@ def load_model(
     """Resolve `name` (downloading a catalog or hf: model if needed) and load it.
     progress(fraction) follows llama.cpp's loading; download_progress(done, total) a download."""
     from models import resolve
+    from models.inspect import read_header
 
     prepare_runtime(opts)
     path = resolve(name, download_progress)
+    # llama.cpp aborts the whole process (the UI and the server with it) on some damaged files;
+    # the header is checked first, whatever the name resolved through
+    read_header(path)
     if opts.rpc:
         from edgespec.rpc import RemoteModel
 

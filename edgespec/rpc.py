@@ -131,7 +131,9 @@ class _Worker:
         child.close()
         try:
             with self.lock:
-                kind, payload = self._wait(0, START_S)
+                # starting the worker (importing llama.cpp) may take START_S; each server's handshake
+                # then gets EDGESPEC_RPC_TIMEOUT, like every pass
+                kind, payload = self._wait(0, START_S, then=timeout_s())
             if kind != "ready":
                 raise EdgeSpecError(payload[0])
         except BaseException:
@@ -151,9 +153,10 @@ class _Worker:
                 raise EdgeSpecError(self._died()) from None
             return self._wait(self._seq, timeout, progress)
 
-    def _wait(self, seq: int, timeout: float, progress: Callable[[float], None] | None = None) -> tuple[str, list]:
+    def _wait(self, seq: int, timeout: float, progress: Callable[[float], None] | None = None,
+              then: float | None = None) -> tuple[str, list]:
         """The answer to request `seq`. A worker that dies, or stays silent for `timeout` seconds
-        (progress messages restart the clock), raises one line."""
+        (progress messages restart the clock, with `then` seconds when given), raises one line."""
         deadline = time.monotonic() + timeout
         while True:
             if self.conn.poll(0.1):
@@ -162,6 +165,7 @@ class _Worker:
                 except (EOFError, OSError):
                     raise EdgeSpecError(self._died()) from None
                 if kind in ("connecting", "progress"):
+                    timeout = then or timeout
                     deadline = time.monotonic() + timeout
                     if kind == "connecting":
                         self._connecting = payload[0]
@@ -215,7 +219,8 @@ class _Worker:
         self.stop()
         if self.devices is None:
             msg = (f"the RPC server at {self._connecting} accepted the connection but did not answer within "
-                   f"{timeout:g} s (an rpc-server serves one client at a time: is another program using it?)")
+                   f"{timeout:g} s (EDGESPEC_RPC_TIMEOUT; an rpc-server serves one client at a time: is another "
+                   "program using it?)")
         else:
             down = [f"{e} ({why})" for e in self.endpoints if (why := unreachable(e, 1.0)) is not None]
             msg = (f"the RPC servers did not answer within {timeout:g} s (EDGESPEC_RPC_TIMEOUT)"

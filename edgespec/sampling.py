@@ -19,6 +19,9 @@ from edgespec.errors import EdgeSpecError
 _TOP_P_CANDIDATES = 2048
 
 
+SEED_LIMIT = 2**64  # seeds are 64-bit, as in llama.cpp; a larger one would wrap onto a smaller one
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """temperature 0 means greedy (argmax); top_k 0, top_p 1 and min_p 0 switch those filters off."""
@@ -27,9 +30,13 @@ class SamplingParams:
     top_k: int = 0
     top_p: float = 1.0
     min_p: float = 0.0
-    seed: int | None = None
+    seed: int | None = None  # None or negative (-1, as llama.cpp's clients write it): a random seed
 
     def __post_init__(self) -> None:
+        if self.seed is not None and self.seed < 0:
+            object.__setattr__(self, "seed", None)
+        if self.seed is not None and self.seed >= SEED_LIMIT:
+            raise EdgeSpecError(f"seed must be below 2^64 ({SEED_LIMIT}), got {self.seed}; -1 means a random seed")
         if not np.isfinite(self.temperature) or self.temperature < 0:
             raise EdgeSpecError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if self.top_k < 0:
@@ -64,7 +71,7 @@ class Noise:
         self.seed = int(np.random.SeedSequence().entropy) if seed is None else int(seed)
 
     def uniform(self, pos: int, purpose: int) -> float:
-        key = [self.seed % 2**64, pos, purpose]
+        key = [self.seed % SEED_LIMIT, pos, purpose]
         hi, lo = np.random.SeedSequence(key).generate_state(2, np.uint32)
         return ((int(hi) >> 5) * 67108864 + (int(lo) >> 6)) / 9007199254740992.0  # 53 bits
 

@@ -317,10 +317,14 @@ class Reply:
     @property
     def measured_speedup(self) -> float | None:
         """Tokens produced per second over the plain rate (produced: plain decoding needs the call
-        that produces the end-of-generation token too, so a run that drafted nothing measures ~1.00x)."""
+        that produces the end-of-generation token too). A run that drafted nothing did plain
+        decoding's work, so it is 1.00x: its timing against the plain steps' median would only
+        measure the machine's noise (0.04x-0.56x under load)."""
         st = self.stats
         if self.costs is None or not st.target_calls:
             return None
+        if not st.drafted:
+            return 1.0
         t1 = float(np.median(st.plain_pass_s)) if st.plain_pass_s else None
         return self.costs.measured_speedup(st.produced, st.target_calls, st.decode_s, t1)
 

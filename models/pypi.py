@@ -44,6 +44,24 @@ def store_dir() -> Path:
     return cache_root() / "models"
 
 
+def _child(folder: Path, name: Any, entry: dict[str, Any]) -> Path:
+    """folder/name, where name must be a plain file name: a catalog entry never reaches outside the
+    store (the catalog refuses such entries when it is read; this holds for any entry given)."""
+    path = folder / str(name)
+    if not isinstance(name, str) or name in ("", ".", "..") or path.parent != folder:
+        raise EdgeSpecError(f"catalog entry {entry.get('name')!r}: {name!r} is not a file name in {folder}")
+    return path
+
+
+def store_file(entry: dict[str, Any]) -> Path:
+    """Where the entry's assembled file lives in the store."""
+    return _child(store_dir(), entry["file"], entry)
+
+
+def _parts_dir(entry: dict[str, Any]) -> Path:
+    return _child(cache_root() / "parts", entry["name"], entry)
+
+
 def is_pypi(entry: dict[str, Any] | None) -> bool:
     return bool(entry and entry.get("pypi"))
 
@@ -51,7 +69,7 @@ def is_pypi(entry: dict[str, Any] | None) -> bool:
 def installed_path(entry: dict[str, Any]) -> Path | None:
     """The assembled file when it is in the store with the catalog's size, else None (the sha256 was
     checked when it was written; the rename happens only after that)."""
-    path = store_dir() / entry["file"]
+    path = store_file(entry)
     if path.is_file() and path.stat().st_size == entry["size_bytes"]:
         return path
     return None
@@ -128,9 +146,14 @@ def install(entry: dict[str, Any], progress: Progress | None = None, *, show_bar
         return done
     requirements = part_specs(entry)
     total = entry["size_bytes"]
-    parts_dir = cache_root() / "parts" / entry["name"]
-    parts_dir.mkdir(parents=True, exist_ok=True)
-    store_dir().mkdir(parents=True, exist_ok=True)
+    parts_dir = _parts_dir(entry)
+    final = store_file(entry)
+    try:
+        parts_dir.mkdir(parents=True, exist_ok=True)
+        store_dir().mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise EdgeSpecError(f"cannot make the model store in {cache_root()} ({exc.strerror or exc}); "
+                            "set EDGESPEC_CACHE to a folder you can write") from None
     bar = None
     if show_bar:
         from tqdm.auto import tqdm
@@ -155,7 +178,6 @@ def install(entry: dict[str, Any], progress: Progress | None = None, *, show_bar
         advance(total * i // len(requirements) - moved)
 
     # 2. assembly into a temporary file beside the final one, then an atomic rename
-    final = store_dir() / entry["file"]
     tmp = final.with_name(f".{final.name}.partial-{os.getpid()}")
     whole = hashlib.sha256()
     written = 0
@@ -196,11 +218,11 @@ def install(entry: dict[str, Any], progress: Progress | None = None, *, show_bar
 def remove(entry: dict[str, Any]) -> list[Path]:
     """Delete an installed PyPI-parts model and any cached part wheels; the paths removed."""
     removed = []
-    path = store_dir() / entry["file"]
+    path = store_file(entry)
     if path.exists():
         path.unlink()
         removed.append(path)
-    parts_dir = cache_root() / "parts" / entry["name"]
+    parts_dir = _parts_dir(entry)
     if parts_dir.exists():
         shutil.rmtree(parts_dir)
         removed.append(parts_dir)

@@ -24,10 +24,10 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m quant") -> argparse.ArgumentParser:
     from quant.convert import TARGETS
 
-    ap = _Parser(prog="python -m quant", description="MX / GGUF quantization and quality reports")
+    ap = _Parser(prog=prog, description="MX / GGUF quantization and quality reports")
     sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
     cv = sub.add_parser("convert", help="requantize a GGUF model")
     cv.add_argument("input", help="source .gguf (F16/F32 or quantized)")
@@ -60,8 +60,8 @@ def _terminate(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, prog: str = "python -m quant") -> int:
+    args = build_parser(prog).parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
     return run_command(lambda: _run(args))
 

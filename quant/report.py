@@ -38,6 +38,7 @@ from edgespec.drafters.model import ModelDrafter
 from edgespec.drafters.ngram import NgramDrafter
 from edgespec.engine import Engine, FixedGamma, GenerationConfig
 from edgespec.errors import EdgeSpecError
+from edgespec.loader import check_threads
 from edgespec.runtime import Model
 from quant.convert import FLOAT_TYPES, open_gguf, readable, tensor_float, type_bits
 from quant.mx import FORMATS
@@ -490,11 +491,14 @@ def main_report(args: argparse.Namespace) -> None:
         text = tp.read_text(encoding="utf-8", errors="replace")
     else:
         text = "\n\n".join(prompts)
-    for n, v in (("--repeats", args.repeats), ("--gen-tokens", args.gen_tokens), ("--max-prompt-tokens", args.max_prompt_tokens)):
-        if v < 1:
-            raise EdgeSpecError(f"{n} must be >= 1, got {v}")
-    for c in args.candidates:
-        open_gguf(c)
+    for n, v, least in (("--repeats", args.repeats, 1), ("--gen-tokens", args.gen_tokens, 1),
+                        ("--max-prompt-tokens", args.max_prompt_tokens, 1), ("--gamma", args.gamma, 1),
+                        ("--ppl-tokens", args.ppl_tokens, 2)):  # perplexity scores each token after the first
+        if v < least:
+            raise EdgeSpecError(f"{n} must be >= {least}, got {v}")
+    check_threads(args.threads, "--threads")
+    for path in (args.reference, *args.candidates):
+        open_gguf(path)  # damaged files (a layer count llama.cpp would abort on) before minutes of work
     check_output_folder(args.out)
     report = build_report(
         args.reference, args.candidates, prompts, text,

@@ -61,6 +61,7 @@ class Body(BaseModel):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
     # EdgeSpec / llama-server extensions
     draft: str | None = None  # 'none' or the server's --draft
     gamma: str | int | None = None  # a number or 'auto'
@@ -103,6 +104,10 @@ def parse(raw: bytes, kind: Kind) -> ChatBody | CompletionBody:
         raise ApiError(400, f"the request body is not valid JSON: {msg}", "invalid_json") from None
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object", "invalid_json")
+    where = _unpaired_surrogate(data)
+    if where is not None:
+        raise ApiError(400, f"{where or 'the body'}: a string holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape "
+                       "without its pair), which is no character", "invalid_value", param=where or None)
     cls = ChatBody if kind == "chat" else CompletionBody
     try:
         return cls.model_validate(data)
@@ -112,6 +117,26 @@ def parse(raw: bytes, kind: Kind) -> ChatBody | CompletionBody:
         more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
         raise ApiError(400, f"{loc}: {err['msg']}{more}", "invalid_type" if "type" in err["type"] else "invalid_value",
                        param=loc) from None
+
+
+def _unpaired_surrogate(value: Any, where: str = "") -> str | None:
+    """The path (messages.0.content) of the first string that is not Unicode text, "" for the value
+    itself, None when every string is: JSON's \\uD800 escapes decode to lone surrogates, which UTF-8
+    (the tokenizer's input) cannot hold."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        if isinstance(key, str) and _unpaired_surrogate(key) is not None:
+            return where or ""
+        found = _unpaired_surrogate(item, f"{where}.{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None
 
 
 # ----------------------------------------------------------------------------- body -> session.Request
@@ -148,6 +173,13 @@ def _unsupported(body: Body) -> None:
                        "distribution that speculative sampling reproduces)", param="presence_penalty")
     if body.logit_bias:
         raise ApiError(400, "logit_bias is not supported", param="logit_bias")
+    kind = (body.response_format or {}).get("type", "text")
+    if kind != "text":
+        # answering anyway would hand an agent text it takes for guaranteed JSON
+        raise ApiError(400, f"response_format {kind!r} is not supported: this server does not constrain the output "
+                       "to JSON or a schema (no grammar sampling), so the reply could be any text; leave "
+                       "response_format out (or use type 'text'), ask for JSON in the prompt and check it",
+                       param="response_format")
 
 
 def _draft(body: Body, defaults: Request, draft_spec: str) -> str:

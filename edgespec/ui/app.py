@@ -25,7 +25,8 @@ def build_app(opts: RuntimeOptions | None = None, defaults: Defaults | None = No
     """Build (not launch) the app. Start it with `start()` so the CSS that colours tokens is served."""
     pool = pool or ModelPool(opts or RuntimeOptions())
     ctx = AppContext(pool, defaults or Defaults())
-    with gr.Blocks(title="EdgeSpec") as app:
+    # a local app sends nothing home: no Gradio telemetry or version check
+    with gr.Blocks(title="EdgeSpec", analytics_enabled=False) as app:
         gr.Markdown(f"## {TITLE}")
         with gr.Tab("Chat"):
             chat_area = gr.Column()

@@ -72,6 +72,7 @@ def build_chat_tab(ctx: AppContext, target: gr.Dropdown, draft_model: gr.Dropdow
     turns = gr.State([])
     with gr.Row():
         with gr.Column(scale=3):
+            target_line = gr.Markdown(_target_line(d.target), elem_id="es-chat-target")
             gr.HTML(render.LEGEND)
             highlight = gr.Checkbox(value=True, label="Highlight token sources (off: plain Markdown)")
             chatbot = gr.Chatbot(height=460, label="Chat", elem_id="es-chatbot", buttons=["copy"])
@@ -200,3 +201,10 @@ def build_chat_tab(ctx: AppContext, target: gr.Dropdown, draft_model: gr.Dropdow
     stop.click(stop_fn, None, error, api_name="stop", concurrency_limit=None, queue=False)
     clear.click(clear_fn, None, outs, api_name="clear", queue=False)
     highlight.change(chat_messages, [turns, highlight], chatbot, api_visibility="private", queue=False)
+    target.change(lambda t: _target_line((t or d.target).strip()), target, target_line, api_visibility="private",
+                  queue=False)
+
+
+def _target_line(target: str) -> str:
+    """Which model answers in the Chat tab (it is chosen in the Models tab)."""
+    return f"Target model: `{target.replace('`', '')}` (change it in the Models tab)"
