@@ -126,8 +126,10 @@ def random_tensor(name: str, qtype: GGMLQuantizationType, n_elements: int, rng: 
         raise EdgeSpecError(f"tensor {name}: {n_elements} elements are not whole {qtype.name} blocks of {block}")
     if qtype in FLOAT_TYPES:
         values = _float_values(name, n_elements, rng)
-        if qtype == Q.BF16:  # the top half of each float32
-            return (values.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+        if qtype == Q.BF16:  # the top half of each float32, rounded to nearest even (values are finite)
+            bits = values.view(np.uint32)
+            bits += 0x7FFF + ((bits >> 16) & 1)
+            return (bits >> 16).astype(np.uint16).view(np.uint8)
         return values.astype(FLOAT_TYPES[qtype], copy=False).view(np.uint8)
     n_bytes = n_elements // block * type_size
     raw = rng.bit_generator.random_raw(-(-n_bytes // 8)).view(np.uint8)[:n_bytes]
@@ -154,12 +156,16 @@ def _metadata_value(key: str, field) -> tuple[object, GGUFValueType, GGUFValueTy
     return field.contents(), vtype, sub
 
 
-def _open_source(path: Path) -> GGUFReader:
+def _check_source(path: Path) -> None:
     try:
         check_gguf_file(path)
         read_header(path)  # one-line errors for a cut-short file, which gguf-py would not notice
     except OSError as exc:
         raise EdgeSpecError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def _open_source(path: Path) -> GGUFReader:
+    """gguf-py's reader (10 s for a 262k-token vocabulary), for a file _check_source has passed."""
     try:
         reader = GGUFReader(path, "r")
     except Exception as exc:  # gguf-py raises ValueError/struct.error/IndexError on damaged files
@@ -221,8 +227,9 @@ def write_random_like(source: Path, out: Path, *, seed: int = 0, progress: Progr
     unless `force`. Returns OUT. Every failure is an EdgeSpecError with a one-line message.
     """
     source, out = Path(source).expanduser(), Path(out).expanduser()
-    reader = _open_source(source)
+    _check_source(source)
     _check_output(source, out, force)
+    reader = _open_source(source)
     arch = reader.get_field("general.architecture")
     if arch is None:
         raise EdgeSpecError(f"{source.name} has no general.architecture")
