@@ -218,6 +218,29 @@ def _atomic_output(out: Path) -> Iterator[Path]:
         raise
 
 
+def _writer_like(reader: GGUFReader) -> tuple[GGUFWriter, list[tuple[str, GGMLQuantizationType, int, int]]]:
+    """A GGUFWriter holding the reader's metadata and tensor table (no file yet), and the tensors in
+    file order as (name, type, elements, bytes)."""
+    arch = reader.get_field("general.architecture")
+    if arch is None:
+        raise EdgeSpecError("the source has no general.architecture")
+    writer = GGUFWriter(None, bytes(arch.parts[-1]).decode("utf-8"))  # the writer adds general.architecture
+    writer.data_alignment = reader.alignment
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":  # the reader's header pseudo-keys
+            continue
+        writer.add_key_value(key, *_metadata_value(key, field))
+    tensors = []
+    for t in reader.tensors:
+        block, type_size = GGML_QUANT_SIZES[t.tensor_type]
+        # numpy order (ne reversed) of the raw bytes; the writer turns it back into the element shape
+        byte_shape = [int(n) for n in reversed(t.shape)]
+        byte_shape[-1] = byte_shape[-1] // block * type_size
+        writer.add_tensor_info(t.name, byte_shape, np.dtype(np.uint8), int(t.n_bytes), raw_dtype=t.tensor_type)
+        tensors.append((t.name, t.tensor_type, int(t.n_elements), int(t.n_bytes)))
+    return writer, tensors
+
+
 def write_random_like(source: Path, out: Path, *, seed: int = 0, progress: Progress | None = None,
                       force: bool = False) -> Path:
     """Write OUT: SOURCE's metadata and tensor table with random, type-valid tensor contents.
@@ -229,32 +252,20 @@ def write_random_like(source: Path, out: Path, *, seed: int = 0, progress: Progr
     source, out = Path(source).expanduser(), Path(out).expanduser()
     _check_source(source)
     _check_output(source, out, force)
-    reader = _open_source(source)
-    arch = reader.get_field("general.architecture")
-    if arch is None:
-        raise EdgeSpecError(f"{source.name} has no general.architecture")
-    writer = GGUFWriter(None, bytes(arch.parts[-1]).decode("utf-8"))  # the writer adds general.architecture
-    writer.data_alignment = reader.alignment
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":  # the reader's header pseudo-keys
-            continue
-        writer.add_key_value(key, *_metadata_value(key, field))
-    for t in reader.tensors:
-        # numpy order (ne reversed) of the raw bytes; the writer turns it back into the element shape
-        byte_shape = [int(n) for n in reversed(t.shape)]
-        byte_shape[-1] = byte_shape[-1] // GGML_QUANT_SIZES[t.tensor_type][0] * GGML_QUANT_SIZES[t.tensor_type][1]
-        writer.add_tensor_info(t.name, byte_shape, np.dtype(np.uint8), int(t.n_bytes), raw_dtype=t.tensor_type)
-    total = sum(int(t.n_bytes) for t in reader.tensors)
+    # gguf-py's reader holds a numpy view per vocabulary entry (~0.5 GB at 150k tokens and merges):
+    # it is dropped once the writer has the metadata, before the tensors are generated.
+    writer, tensors = _writer_like(_open_source(source))
+    total = sum(n_bytes for _, _, _, n_bytes in tensors)
     done = 0
     with _atomic_output(out) as tmp:
         try:
             writer.write_header_to_file(tmp)
             writer.write_kv_data_to_file()
             writer.write_ti_data_to_file()
-            for index, t in enumerate(reader.tensors):
+            for index, (name, qtype, n_elements, n_bytes) in enumerate(tensors):
                 rng = np.random.default_rng([seed, index])
-                writer.write_tensor_data(random_tensor(t.name, t.tensor_type, int(t.n_elements), rng))
-                done += int(t.n_bytes)
+                writer.write_tensor_data(random_tensor(name, qtype, n_elements, rng))
+                done += n_bytes
                 if progress is not None:
                     progress(done, total)
         finally:
