@@ -19,7 +19,8 @@
 extern "C" {
 #endif
 
-#define GGML_SMALLBATCH_MAX_COLS 8
+#define GGML_SMALLBATCH_MAX_COLS 8    // activation rows one kernel call takes
+#define GGML_SMALLBATCH_MAX_BATCH 16  // activation rows the small-batch path takes, in calls of up to MAX_COLS
 
 // s[c] = dot(vx, vy[c]) for c < nc (1 <= nc <= GGML_SMALLBATCH_MAX_COLS); n values per row,
 // vx one row of the weight type, vy[c] rows of the type's vec_dot_type.
@@ -41,7 +42,7 @@ ggml_smallbatch_dot_t ggml_smallbatch_q6_K(void);
 // Q4_K repacked as block_q4_Kx8 (NULL: none for this instruction set)
 ggml_smallbatch_gemm_t ggml_smallbatch_q4_Kx8(void);
 
-// Whether the small-batch path takes this mat-mul (a type with a kernel, 2..MAX_COLS src1 rows):
+// Whether the small-batch path takes this mat-mul (a type with a kernel, 2..MAX_BATCH src1 rows):
 // the tiled K-quant path (tiled/) then leaves it alone.
 bool ggml_smallbatch_claims(const struct ggml_tensor * dst);
 
