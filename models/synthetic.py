@@ -23,10 +23,8 @@ import argparse
 import os
 import signal
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -40,6 +38,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueTy
 from edgespec.errors import EdgeSpecError, run_command  # noqa: E402
 from edgespec.runtime import check_gguf_file  # noqa: E402
 from models.inspect import read_header  # noqa: E402
+from models.output import atomic_output  # noqa: E402
 
 Q = GGMLQuantizationType
 
@@ -195,29 +194,6 @@ def _check_output(source: Path, out: Path, force: bool) -> None:
         raise EdgeSpecError(f"output file exists: {out} (--force replaces it)")
 
 
-@contextmanager
-def _atomic_output(out: Path) -> Iterator[Path]:
-    """Yield a temporary path beside `out`; on success rename it to `out`, else delete it."""
-    try:
-        fd, name = tempfile.mkstemp(prefix=out.name + ".tmp-", dir=out.parent)
-    except OSError as exc:
-        raise EdgeSpecError(f"cannot create the output file {out} ({exc.strerror or exc})") from None
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        yield tmp
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; the output should look like any new file
-        os.replace(tmp, out)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise EdgeSpecError(f"could not write {out}: {exc.strerror or exc}") from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def _writer_like(reader: GGUFReader) -> tuple[GGUFWriter, list[tuple[str, GGMLQuantizationType, int, int]]]:
     """A GGUFWriter holding the reader's metadata and tensor table (no file yet), and the tensors in
     file order as (name, type, elements, bytes)."""
@@ -257,7 +233,7 @@ def write_random_like(source: Path, out: Path, *, seed: int = 0, progress: Progr
     writer, tensors = _writer_like(_open_source(source))
     total = sum(n_bytes for _, _, _, n_bytes in tensors)
     done = 0
-    with _atomic_output(out) as tmp:
+    with atomic_output(out) as tmp:
         try:
             writer.write_header_to_file(tmp)
             writer.write_kv_data_to_file()

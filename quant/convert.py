@@ -35,6 +35,7 @@ from tqdm import tqdm
 from edgespec.errors import EdgeSpecError
 from edgespec.runtime import check_gguf_file, lib
 from models.inspect import read_header
+from models.output import atomic_output
 from quant import mx
 
 Q = GGMLQuantizationType
@@ -162,34 +163,6 @@ def _check_paths(src: Path, dst: Path) -> None:
         raise EdgeSpecError(f"output folder does not exist: {dst.parent}")
     if dst_is_dir:
         raise EdgeSpecError(f"output path is a folder: {dst}")
-
-
-@contextmanager
-def _atomic_output(dst: Path, suffix: str = "") -> Iterator[Path]:
-    """Yield a temporary path next to dst; on success fsync and rename it to dst, else delete it."""
-    try:
-        fd, tmp_name = tempfile.mkstemp(prefix=dst.name + ".tmp-", suffix=suffix, dir=dst.parent)
-    except OSError as exc:  # e.g. a read-only folder, or one such as /proc or /sys that takes no new files
-        raise EdgeSpecError(f"cannot create the output file {dst} ({exc.strerror or exc}); choose a writable folder") from None
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        yield tmp
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; the output should look like any new file
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, dst)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise EdgeSpecError(f"could not write {dst}: {exc.strerror or exc}") from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 @contextmanager
@@ -365,7 +338,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, target: str, *, mx_h
     say = log or (lambda s: None)
     source_types = {t.name: t.tensor_type.name for t in reader.tensors}
 
-    with _atomic_output(dst_p) as tmp:
+    with atomic_output(dst_p) as tmp:
         if target in LLAMA_FTYPES:
             if all(t.tensor_type in FLOAT_TYPES for t in reader.tensors):
                 _llama_quantize(src_p, tmp, target, progress)

@@ -24,7 +24,8 @@ needs_kernels = pytest.mark.skipif(
 
 # A fixed text; every batch size 1..8 is decoded after it, so each K runs the kernel with K columns.
 TEXT = ("def mean(values):\n    total = 0\n    for v in values:\n        total += v\n"
-        "    return total / len(values)\n\nprint(mean([1, 2, 3, 4]))\n")
+        "    return total / len(values)\n\n\ndef spread(values):\n    return max(values) - min(values)\n\n"
+        "print(mean([1, 2, 3, 4]), spread([1, 2, 3, 4]))\n")
 CHILD = """
 import json, sys
 import numpy as np
@@ -32,11 +33,12 @@ from edgespec import runtime
 path, out = sys.argv[1], sys.argv[2]
 m = runtime.Model(path, n_ctx=256, n_batch=64, flash_attn="off", repack=sys.argv[4] == "repack")
 toks = m.tokenize(sys.argv[3], add_special=True)
-m.decode(toks[:16], n_logits=0)
+# a prefill longer than the small-batch path takes, so that both kernel sets fill the same cache
+m.decode(toks[:24], n_logits=0)
 rows = []
 for k in range(1, 9):
-    m.truncate(16)
-    rows.append(np.array(m.decode(toks[16:16 + k], n_logits=k)))
+    m.truncate(24)
+    rows.append(np.array(m.decode(toks[24:24 + k], n_logits=k)))
 np.save(out, np.concatenate(rows))
 print(json.dumps(runtime.backend_info().to_dict()))
 """
@@ -69,7 +71,7 @@ def _probs(logits: np.ndarray) -> np.ndarray:
 @needs_kernels
 @pytest.mark.parametrize("name", ["gemma3-270m", pytest.param("qwen2.5-coder-1.5b", marks=pytest.mark.slow)])
 def test_small_batch_logits_match_the_unpatched_module(name, tmp_path):
-    """Batches of 1..8 rows after the same 16-token prefill. For 1-3 rows the unpatched module runs
+    """Batches of 1..8 rows after the same 24-token prefill. For 1-3 rows the unpatched module runs
     one per-row kernel call per weight row and token (Q6_K vec_dot, the repacked Q4_K gemv), which
     the small-batch kernels reproduce for every row: the logits are equal bit for bit. From 4 rows
     on it runs the 4-row Q4_K kernel (and tiled Q6_K at 8), whose float sums are ordered otherwise:

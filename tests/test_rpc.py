@@ -121,8 +121,9 @@ def test_the_drafter_stays_on_this_machine(smollm2_path, servers):
 @needs_rpc
 def test_the_cost_profile_of_an_rpc_target_is_its_own(smollm2_path, servers):
     # the same file, run alike here (the remote target's process uses one thread) but for the servers
-    local = Session.load(str(smollm2_path), RuntimeOptions(n_ctx=512, n_threads=1))
-    remote = Session.load(str(smollm2_path), RuntimeOptions(n_ctx=512, rpc=_eps(servers)))
+    # (flash attention named: 'auto' is off on this CPU but llama.cpp's own choice on RPC devices)
+    local = Session.load(str(smollm2_path), RuntimeOptions(n_ctx=512, n_threads=1, flash_attn="off"))
+    remote = Session.load(str(smollm2_path), RuntimeOptions(n_ctx=512, rpc=_eps(servers), flash_attn="off"))
     try:
         assert (local.target.n_threads, local.target.flash_attn) == (remote.target.n_threads, remote.target.flash_attn)
         # T(K) over the network includes round trips: a local profile must not stand in for it
