@@ -72,6 +72,10 @@ class Hint:
     held-out figure): gamma auto does not probe where even that would not pay on this machine.
     copies: the proposal copies on from a matched span of the context (n-gram lookup), so draft
     token j continues a match of size + j - 1 and acceptance is read per size along the draft.
+    confidence: the drafter's own estimate, per draft position j (0-based), that token j is accepted
+    once the tokens before it were (a frequency-scored candidate: how often the matched text went on
+    this way, calibrated by the drafter's record); the proposal has len(confidence) tokens. Gamma auto
+    plans with it as given. Empty: the drafter has no such estimate.
     """
 
     size: int | None = None
@@ -79,6 +83,7 @@ class Hint:
     draft_cost_s: float | None = None
     alpha_max: float | None = None
     copies: bool = False
+    confidence: tuple[float, ...] = ()
 
     @classmethod
     def nothing(cls, source: str = "") -> Hint:
