@@ -47,11 +47,12 @@ from edgespec.runtime import Model
 from edgespec.sampling import SamplingParams
 
 CONTEXT, ANSWERS = "context", "answers"  # Draft.source / Hint.source: token provenance shows them
-ALIGNED = "aligned"  # record kind of an answers candidate that follows one earlier answer
+ALIGNED = "aligned"  # record kinds of an answers candidate that follows one earlier answer (+ skip class)
 SIZES = ngram_sizes(1, 32)  # match sizes looked up in earlier answers: 1, 2, 3, 4, 6, 8, ..., 24, 32
 WALK_MAX = 32  # longest candidate (tokens) from earlier answers
 MAX_OCC = 256  # the most recent occurrences of a match that are scored
 ALIGN_WINDOW = 96  # how far past the place it last matched a followed answer may match again (tokens)
+SHORT_SKIP = 16  # a followed answer's tokens skipped to match again, up to which the skip is short
 MIN_PATH = 0.2  # a candidate ends where fewer than this share of the occurrences still agree
 LEAD = 8  # prompt tokens kept before each answer: the chat template's turn header matches an answer's start
 MIN_ANSWER = 4  # shorter answers are not kept (nothing to copy; the server's one-token warm-up)
@@ -61,6 +62,7 @@ PREFER_CONTEXT = 2.0  # earlier answers propose over the context only when this 
 SURE = 0.95  # estimates compared no higher: a context at least 0.90 sure is never overruled
 RECORD_DECAY = 0.5 ** (1 / 512)  # per observation of a record: the owner's recent requests weigh most
 DEFAULT_CAP = 1 << 17  # tokens of earlier answers kept in all (~16 MB with the index)
+PLACES = 1 << 16  # place records kept per owner (forgotten all at once beyond)
 FORMAT = "edgespec-answers"
 VERSION = 1
 
@@ -256,6 +258,10 @@ class AnswerCache:
         self.path = path
         self.index = AnswerIndex.empty()
         self._record: dict[tuple[str, int, bool], tuple[float, float]] = {}
+        # first tokens by the place they were proposed at (the kind and the text's last two tokens):
+        # in records that repeat a shape, the place tells a key (the same in every record) from a
+        # value (different in each), which no match size does
+        self._place: dict[tuple, tuple[float, float]] = {}
         self._file_tokens = 0  # tokens in the persisted file (compacted at twice the cap)
         self._rewrite = False  # the file must be written afresh (ignored, or over its bound)
         if path is not None:
@@ -280,23 +286,34 @@ class AnswerCache:
             self.store.make_room()
             self._persist(lead, answer)
 
-    def estimate(self, kind: str, size: int, share: float = 1.0, chain: bool = False) -> float:
+    def estimate(self, kind: str, size: int, share: float = 1.0, chain: bool = False, place: tuple = ()) -> float:
         """How likely a proposal of `kind` at a match of `size` tokens comes true, when `share` of the
         occurrences it was read from went on this way (agreement of a few occurrences says little;
         disagreement says the text branches here): record * share. `chain`: a token after the first
         of a proposal, the ones before it right (kept apart: a copy under way is likelier right than
-        the first token after a lookup, which is where sources part)."""
+        the first token after a lookup, which is where sources part). A first token's `place` record,
+        where there is one, updates the size record as a Beta prior."""
         cls = _size_class(size)
-        return _estimate(self._record.get((kind, cls, chain)), cls) * share
+        r = _estimate(self._record.get((kind, cls, chain)), cls)
+        at = self._place.get((kind.rstrip("012"), *place)) if place and not chain else None
+        if at is not None:
+            r = (at[0] + PRIOR_W * r) / (at[1] + PRIOR_W)
+        return r * share
 
-    def score(self, outcomes: Sequence[tuple[str, int, int, bool]]) -> None:
-        """Record (kind, match size, position in the proposal, came true) for proposals scored
+    def score(self, outcomes: Sequence[tuple[str, int, int, bool, tuple]]) -> None:
+        """Record (kind, match size, position in the proposal, came true, place) for proposals scored
         against committed tokens."""
         with self.store.lock:
-            for kind, size, j, ok in outcomes:
+            for kind, size, j, ok, place in outcomes:
                 key = (kind, _size_class(size), j > 0)
                 succ, trials = self._record.get(key, (0.0, 0.0))
                 self._record[key] = (RECORD_DECAY * succ + ok, RECORD_DECAY * trials + 1.0)
+                if j == 0 and place:
+                    if len(self._place) >= PLACES:  # bounded: the places of the recent requests
+                        self._place.clear()
+                    pk = (kind.rstrip("012"), *place)
+                    succ, trials = self._place.get(pk, (0.0, 0.0))
+                    self._place[pk] = (RECORD_DECAY * succ + ok, RECORD_DECAY * trials + 1.0)
 
     # ------------------------------------------------------------------ persistence
     def _load(self, path: Path) -> None:
@@ -467,7 +484,8 @@ STORE = AnswerStore()  # this process's earlier answers (`serve` configures it f
 class Candidate:
     """What one source would propose at a step: its record kind, match size, tokens, estimated
     acceptance per token (answers only) and of its first token; for an answers candidate, where its
-    tokens sit in the index and where the matched text ends there (to follow that answer)."""
+    tokens sit in the index and where the matched text ends there (to follow that answer). `size`
+    is the match size its records are kept by."""
 
     source: str
     kind: str
@@ -477,6 +495,8 @@ class Candidate:
     confidence: tuple[float, ...] = ()
     at: tuple[int, ...] = ()
     end: int = -1
+    match: int = 0  # an answers candidate's matched tokens (`size` may count more: the run before a skip)
+    place: tuple[int, ...] = ()  # the text's last two tokens where it was proposed
 
 
 @dataclass(frozen=True)
@@ -499,20 +519,21 @@ class SuffixDrafter:
         self._index = AnswerIndex.empty()
         self._plan: Plan | None = None
         self._follow: int | None = None  # position in the index of the last token the text agreed with
+        self._run = 0  # tokens the text agreed with the followed answer in a row, up to there
         self._committed: Sequence[int] | None = None  # the engine's context, for the answer at the end
         self._prompt: list[int] = []
 
     def begin(self, prompt: Sequence[int], sampling: SamplingParams | None = None) -> None:
         self.context.begin(prompt, sampling)
         self._index = self.cache.view() if self.cache is not None else AnswerIndex.empty()
-        self._plan, self._follow, self._committed = None, None, None
+        self._plan, self._follow, self._committed, self._run = None, None, None, 0
         self._prompt = [int(t) for t in prompt]
 
     # ------------------------------------------------------------------ the two candidates
-    def _estimate(self, kind: str, size: int, share: float = 1.0, chain: bool = False) -> float:
+    def _estimate(self, kind: str, size: int, share: float = 1.0, chain: bool = False, place: tuple = ()) -> float:
         if self.cache is None:
             return _estimate(None, _size_class(size)) * share
-        return self.cache.estimate(kind, size, share, chain)
+        return self.cache.estimate(kind, size, share, chain, place)
 
     def _context_candidate(self, context: Sequence[int]) -> Candidate | None:
         n = self.context.match_size(context)
@@ -520,7 +541,8 @@ class SuffixDrafter:
             return None
         # scored against what is committed even when not drafted (the answers' rival at later steps)
         toks = self.context.propose(context, WALK_MAX).tokens.tolist()
-        return Candidate(CONTEXT, CONTEXT, n, toks, self._estimate(CONTEXT, n))
+        place = _place(context)
+        return Candidate(CONTEXT, CONTEXT, n, toks, self._estimate(CONTEXT, n, place=place), place=place)
 
     def _answers_candidate(self, context: Sequence[int]) -> Candidate | None:
         idx = self._index
@@ -532,14 +554,21 @@ class SuffixDrafter:
         kind = ANSWERS
         f = self._follow
         if f is not None:  # still in the answer it followed: its next match within the window, that record only
-            near = occ[(occ > f) & (occ <= min(f + ALIGN_WINDOW, idx.record_end(f)))]
+            near = occ[(occ >= f) & (occ <= min(f + ALIGN_WINDOW, idx.record_end(f)))]
             if near.size:
-                occ, kind = near[:1], ALIGNED
+                # kept apart by how much of that answer the text skipped to match again: none (a copy
+                # going on), a few tokens (a value that differs between records), more
+                skipped = int(near[0]) - size + 1 - (f + 1)
+                occ, kind = near[:1], ALIGNED + ("0" if skipped <= 0 else "1" if skipped <= SHORT_SKIP else "2")
         w = idx.walk(occ, WALK_MAX)
         if not w.tokens:
             return None
-        conf = tuple(self._estimate(kind, size + j, a / s, j > 0) for j, (a, s) in enumerate(w.support))
-        return Candidate(ANSWERS, kind, size, w.tokens, conf[0], conf, tuple(w.at), w.at[0] - 1)
+        # Following an answer, the tokens the text agreed with it in a row count as matched, before a
+        # skip too: a record's next key after its value is as sure as the run of keys before it.
+        n = size if kind == ANSWERS else max(size, self._run) if kind == ALIGNED + "0" else size + self._run
+        place = _place(context)
+        conf = tuple(self._estimate(kind, n + j, a / s, j > 0, place) for j, (a, s) in enumerate(w.support))
+        return Candidate(ANSWERS, kind, n, w.tokens, conf[0], conf, tuple(w.at), w.at[0] - 1, size, place)
 
     def _step(self, context: Sequence[int]) -> Plan:
         plan = self._plan
@@ -585,12 +614,20 @@ class SuffixDrafter:
             if cand is not None:
                 agreed = _agreed(cand.tokens, new)
                 # the tokens that came true, then the first that did not (if one was committed)
-                outcomes += [(cand.kind, cand.size + j, j, j < agreed)
+                outcomes += [(cand.kind, cand.size + j, j, j < agreed, cand.place)
                              for j in range(min(agreed + 1, len(new), len(cand.tokens)))]
         ans = plan.answers
         if ans is not None:  # follow that answer from the last place the text agreed with it
             agreed = _agreed(ans.tokens, new)
-            self._follow = ans.at[agreed - 1] if agreed else ans.end
+            if agreed:
+                if ans.kind == ALIGNED + "0":
+                    self._run += agreed
+                else:  # a fresh match (its tokens), or one after a skip (the run before it as well)
+                    self._run = (ans.match if ans.kind == ANSWERS else ans.size) + agreed
+                self._follow = ans.at[agreed - 1]
+            elif self._follow is None:  # where the text first matched an earlier answer
+                self._follow, self._run = ans.end, ans.match
+            # else a miss: keep following from where the text last agreed (a jump on a miss loses the place)
         self.cache.score(outcomes)
 
     def draft_cost_s(self) -> float:
@@ -603,6 +640,10 @@ class SuffixDrafter:
             self.cache.add(self._prompt[-LEAD:], committed[len(self._prompt) :])
         self.context.close()
         self._plan, self._index = None, AnswerIndex.empty()
+
+
+def _place(context: Sequence[int]) -> tuple[int, ...]:
+    return tuple(int(t) for t in context[-2:])
 
 
 def _agreed(tokens: Sequence[int], new: Sequence[int]) -> int:
