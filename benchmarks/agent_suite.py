@@ -145,6 +145,10 @@ class References:
 
 def run(args: argparse.Namespace) -> dict:
     prompts = load_suites(args.suite, args.category, None)
+    if args.kind:
+        prompts = [pr for pr in prompts if (pr.kind or pr.category) in args.kind]
+        if not prompts:
+            raise EdgeSpecError(f"no requests of kind {', '.join(args.kind)}")
     if args.limit:
         prompts = prompts[: args.limit]
     drafts = [d.strip() for d in args.drafts.split(",") if d.strip()]
@@ -222,7 +226,8 @@ def summarise(prompts: list[Prompt], names: list[str], results: dict) -> dict:
         session = pr.session or pr.id
         step[session] = step.get(session, 0) + 1
         row = {"id": pr.id, "kind": pr.kind or pr.category, "session": session, "step": step[session],
-               "tokens": base.tokens, "plain_tok_s": base.rate, "configs": {}}
+               "tokens": base.tokens, "plain_tok_s": base.rate, "plain_text": base.texts[0] if base.texts else "",
+               "configs": {}}
         for name in names:
             x = res[name]
             row["configs"][name] = {
@@ -299,6 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--repeats", type=int, default=3, help="passes through the suite (default 3; medians)")
     ap.add_argument("--max-tokens", type=int, default=None,
                     help="answer budget of every request (default: each request's own, else 128)")
+    ap.add_argument("--kind", action="append", default=[], help="only requests of this kind (edit, diff, rewrite, "
+                    "tool, extract; repeatable)")
     ap.add_argument("--limit", type=int, default=None, help="only the first N requests")
     ap.add_argument("--reference", action="append", default=[], metavar="llama.cpp:TYPE,...",
                     help="also run llama.cpp's speculation on the same prompt tokens: " + ",".join(llamacpp.SPEC_TYPES))
