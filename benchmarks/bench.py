@@ -110,8 +110,10 @@ class Config:
     draft: str = "none"
     gamma: str = "0"
 
-    def request(self, s: BenchSettings, text: str, framing: str, max_tokens: int | None = None) -> Request:
-        """The session request this configuration makes for one prompt (baseline and ours)."""
+    def request(self, s: BenchSettings, text: str, framing: str, max_tokens: int | None = None,
+                owner: str = "") -> Request:
+        """The session request this configuration makes for one prompt (baseline and ours); `owner`
+        keeps the earlier answers a drafter learns from apart (Request.owner)."""
         return Request(
             text=text,
             framing=framing,
@@ -120,6 +122,7 @@ class Config:
             ngram=s.ngram,
             max_tokens=max_tokens or s.max_tokens,
             sampling=SamplingParams(temperature=s.temperature, seed=s.seed),
+            owner=owner,
         )
 
 
@@ -238,8 +241,10 @@ class Runner:
         return frame(self.target, Request(text=text, framing=self.framing, draft="none")).tokens
 
     def run(self, cfg: Config, text: str, tokens: Sequence[int], max_tokens: int | None = None,
-            stop: threading.Event | None = None) -> Run:
-        """One timed generation of `cfg` on one prompt (`tokens` = `frame(text)`)."""
+            stop: threading.Event | None = None, owner: str = "") -> Run:
+        """One timed generation of `cfg` on one prompt (`tokens` = `frame(text)`). `owner`: whose
+        earlier answers a drafter that learns from them sees (each repeat its own, so a repeat
+        never copies the answer an earlier repeat gave to the same prompt)."""
         s = self.s
         if cfg.kind == "reference":
             r = self.refs[cfg.name].generate(tokens, max_tokens or s.max_tokens, s.temperature, s.seed)
@@ -253,7 +258,7 @@ class Runner:
             toks = self.target.tokenize(sr.text, add_special=False)
             stats = Stats(generated=generated, drafted=sr.n_drafted, accepted=sr.n_accept)
             return Run(toks, generated / max(sr.decode_s, 1e-9), stats, text=sr.text)
-        reply = self.session.run(cfg.request(s, text, self.framing, max_tokens), stop)
+        reply = self.session.run(cfg.request(s, text, self.framing, max_tokens, owner), stop)
         if reply.costs is not None:
             self.cost_models[cfg.name] = reply.costs
         return Run(reply.tokens, reply.stats.tokens_per_s, reply.stats)
@@ -302,7 +307,7 @@ def bench_prompt(runner: Runner, pr: Prompt, tokens: list[int], stop: threading.
         for cfg in cfgs[shift:] + cfgs[:shift]:
             if stop is not None and stop.is_set():
                 return None
-            runs[cfg.name].append(runner.run(cfg, pr.text, tokens, stop=stop))
+            runs[cfg.name].append(runner.run(cfg, pr.text, tokens, stop=stop, owner=f"bench-repeat-{r}"))
     if stop is not None and stop.is_set():
         return None  # the last run may have been cut short
 
@@ -461,7 +466,7 @@ def run_bench(
         encoded = [runner.frame(pr.text) for pr in prompts]
         if encoded:  # one short untimed pass per configuration warms caches and lazy allocations
             for cfg in runner.configs:
-                runner.run(cfg, prompts[0].text, encoded[0], max_tokens=8)
+                runner.run(cfg, prompts[0].text, encoded[0], max_tokens=8, owner="bench-warm-up")
         for i, (pr, toks) in enumerate(zip(prompts, encoded, strict=True)):
             if progress is not None:
                 progress(i, len(prompts), pr.id)

@@ -13,6 +13,9 @@ so a change in the text (e.g. the model starts copying its input) is noticed.
 
 For n-gram drafts, acceptance is not one alpha but one per draft position (token j given 1..j-1
 accepted; `costs.expected_tokens`), read by the size the match has grown to (MATCH_PRIOR).
+A drafter that estimates its own acceptance per position (Hint.confidence: the suffix drafter's
+candidates from earlier answers, calibrated by its record of what came true) is planned with those
+estimates as given, and never probed (its estimate is already evidence).
 Drafts run as long as the cost profile goes (`costs.GAMMA_MAX`), at row counts it measured.
 """
 
@@ -140,6 +143,8 @@ class AutoGamma:
         """Acceptance for the next draft in the context of the last `choose`: per draft position
         for an n-gram match (token j continues a match of size + j - 1), else one rate."""
         key = self._key
+        if key[0] == "confidence":  # the drafter's own per-token estimates, as long as its proposal
+            return list(key[2][: self._cap()])
         if self._is_match(key):
             return [self._size_alpha(key[1], key[2] + j) for j in range(self._cap())]
         return self._succ.get(key, 1.0) / self._trials.get(key, 2.0)
@@ -165,7 +170,9 @@ class AutoGamma:
         c = None if hint.draft_cost_s is None or costs is None else hint.draft_cost_s / costs.seconds(1)
         alpha_max = 0.95 if hint.alpha_max is None else hint.alpha_max
         source, size = hint.source, hint.size
-        if size is None:
+        if hint.confidence and size:
+            self._key = ("confidence", source, hint.confidence)
+        elif size is None:
             self._key = ("state", source, self._state)
         else:
             self._key = ("match" if hint.copies and size else "hint", source, size)
@@ -179,7 +186,7 @@ class AutoGamma:
             self.last_predicted = s
             if s < self.margin:
                 g = 0
-            probe_here = size is None or size >= self.probe_min_hint
+            probe_here = not hint.confidence and (size is None or size >= self.probe_min_hint)
             if g == 0 and probe_here and self._since_draft >= self._probe_interval and self._could_pay(costs, c, alpha_max):
                 g = self.probe_gamma if costs.draft_cap is None else min(self.probe_gamma, costs.draft_cap)
                 self._probing = g > 0
@@ -229,6 +236,8 @@ class AutoGamma:
                 for j in range(n_accepted + (1 if n_accepted < k else 0)):
                     self._count(self._size_succ, self._size_trials, (key[1], size_class(key[2] + j)),
                                 start_prior(size_class(key[2] + j), self._table), j < n_accepted, 1)
+            elif key[0] == "confidence":
+                pass  # the drafter keeps the record its estimates come from
             else:
                 # Forget per draft token, not per step, so a run of long accepted drafts does not
                 # outweigh the next few rejections.

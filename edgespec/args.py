@@ -125,11 +125,19 @@ def is_loopback(host: str) -> bool:
     return bool(infos) and all(ipaddress.ip_address(i[4][0].split("%")[0]).is_loopback for i in infos)
 
 
+def api_keys(value: str | None) -> tuple[str, ...]:
+    """The keys of --api-key: one, or several separated by commas (as llama-server takes them), one
+    per user; () for none."""
+    return () if value is None else tuple(k.strip() for k in value.split(","))
+
+
 def check_exposure(host: str, api_key: str | None) -> None:
     """Refuse to serve the API or the UI beyond this machine without an API key (one line, before
     anything loads)."""
     if api_key is not None and not api_key.strip():
         raise EdgeSpecError("--api-key is empty")
+    if any(not k for k in api_keys(api_key)):
+        raise EdgeSpecError("--api-key has an empty key between its commas (KEY1,KEY2,...)")
     if not is_loopback(host) and not api_key:
         raise EdgeSpecError(f"refusing to listen on {host} without --api-key: anyone who can reach this machine "
                             "could use the model; add --api-key KEY (API clients send 'Authorization: Bearer KEY', "
@@ -137,9 +145,10 @@ def check_exposure(host: str, api_key: str | None) -> None:
 
 
 def key_auth(key: str) -> Callable[[str, str], bool]:
-    """Gradio's login check for the web UI: any user name, the API key as the password."""
+    """Gradio's login check for the web UI: any user name, an API key (of `api_keys(key)`) as the password."""
+    keys = api_keys(key)
 
     def auth(user: str, password: str) -> bool:
-        return hmac.compare_digest(password.encode(), key.encode())
+        return any(hmac.compare_digest(password.encode(), k.encode()) for k in keys)
 
     return auth

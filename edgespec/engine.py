@@ -125,6 +125,7 @@ class StepEvent:
     accepted: int
     stats: Stats
     finish_reason: str | None = None  # 'eog' | 'length' | 'context' | 'stopped' on the last event
+    source: str = ""  # who proposed this step's draft (as drafters[i] names it); '' when none was drafted
 
     @property
     def text(self) -> str:
@@ -243,7 +244,8 @@ class Engine:
             self.policy.observe(k, n_acc)
 
             new, sources, by, finish = self._shown(s, remaining, cfg.stop_at_eog)
-            stats.record_step(k, n_acc, len(new), finish == "eog", finish is not None)
+            source = (s.draft.source or self.drafter_name) if k else ""
+            stats.record_step(k, n_acc, len(new), finish == "eog", finish is not None, source)
             context.extend(new)
             if drafter is not None:
                 if hidden and finish is None:
@@ -261,7 +263,7 @@ class Engine:
             if stats.ttft_s is None and new:
                 stats.ttft_s = now - t0
             stats.wall_s = now - t0
-            yield StepEvent(new, sources, pieces, by, s.gamma, k, n_acc, stats, finish)
+            yield StepEvent(new, sources, pieces, by, s.gamma, k, n_acc, stats, finish, source)
             if finish is not None:
                 return
 

@@ -96,6 +96,9 @@ class Request:
     stop: tuple[str, ...] = ()  # generation ends before any of these strings
     reuse_prefix: bool = True  # keep the cached prefix of the prompt (False: prefill all of it)
     stop_at_eog: bool = True  # False: an end-of-generation token is just another token
+    # Whose earlier answers a drafter that learns from them reads and adds to ('' = this machine's
+    # user; the server: a digest of the client's API key): one owner's answers never draft for another.
+    owner: str = ""
 
     def __post_init__(self) -> None:
         if (self.text is None) == (self.messages is None):
@@ -401,8 +404,9 @@ class Session:
              download_progress: Callable[[int, int], None] | None = None) -> Session:
         return cls(load_model(name, opts, progress, download_progress), opts)
 
-    def drafter(self, spec: str, ngram: tuple[int, int] = registry.NGRAM_SIZES) -> Drafter | None:
-        """The drafter `spec` names: built per request when cheap, kept when it loads a model."""
+    def drafter(self, spec: str, ngram: tuple[int, int] = registry.NGRAM_SIZES, owner: str = "") -> Drafter | None:
+        """The drafter `spec` names: built per request (for `owner`, Request.owner) when cheap, kept
+        when it loads a model."""
         kind, arg = registry.split_spec(spec)
         if kind == "none":
             return None
@@ -411,7 +415,7 @@ class Session:
             if key not in self._kept:
                 self._kept[key] = registry.build(spec, self.target, self.opts, ngram)
             return self._kept[key]
-        return registry.build(spec, self.target, self.opts, ngram)
+        return registry.build(spec, self.target, self.opts, ngram, owner)
 
     def cost_model(self, drafter: Drafter | None) -> CostModel | None:
         """The one cost model for this target and drafter (stored profile; measured on first use)."""
@@ -423,7 +427,7 @@ class Session:
         """Tokens and an engine for `req` (loads a draft model and the cost profile if needed), so
         a consumer can do the slow part before its clock starts."""
         framed = frame(self.target, req)
-        drafter = self.drafter(req.draft, req.ngram)
+        drafter = self.drafter(req.draft, req.ngram, req.owner)
         return framed, Engine(self.target, drafter, req.policy(), self.cost_model(drafter))
 
     def generate(self, req: Request, stop: threading.Event | None = None,

@@ -18,6 +18,7 @@ class Step(Protocol):
 
     drafted: int
     accepted: int
+    source: str
 
     @property
     def produced(self) -> int: ...
@@ -65,6 +66,10 @@ class Stats:
     # draft of the step accepted, before the generation's end) and how many of those were accepted.
     depth_tested: list[int] = field(default_factory=list)
     depth_accepted: list[int] = field(default_factory=list)
+    # drafted and accepted, counted as above, by the source that proposed the draft (Draft.source, else
+    # the drafter's name): 'ngram', 'learned', the suffix drafter's 'context' and 'answers', ...
+    source_drafted: dict[str, int] = field(default_factory=dict)
+    source_accepted: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def merge(cls, stats: Iterable[Stats]) -> Stats:
@@ -89,6 +94,8 @@ class Stats:
                 out.pass_s.setdefault(k, []).extend(v)
             for d, (t, a) in enumerate(zip(s.depth_tested, s.depth_accepted, strict=True)):
                 out._add_depth(d, t, a)
+            for src in s.source_drafted:
+                out._add_source(src, s.source_drafted[src], s.source_accepted.get(src, 0))
         return out
 
     def copy(self) -> Stats:
@@ -106,6 +113,9 @@ class Stats:
         for name in ("depth_tested", "depth_accepted"):
             if name in kw:
                 kw[name] = [int(n) for n in kw[name]]
+        for name in ("source_drafted", "source_accepted"):
+            if name in kw:
+                kw[name] = {str(k): int(n) for k, n in kw[name].items()}
         return cls(**kw)
 
     @property
@@ -158,10 +168,13 @@ class Stats:
         """Target weight bytes streamed per second (each target call reads all weights once)."""
         return self.target_bytes * self.target_calls / self.decode_s / 1e9
 
-    def record_step(self, k: int, n_acc: int, shown: int, eog: bool, ended: bool) -> None:
-        """Count one target call that verified k draft tokens and accepted n_acc: `shown` tokens of
-        answer, then the end-of-generation token if `eog`; `ended`: the generation ended there."""
+    def record_step(self, k: int, n_acc: int, shown: int, eog: bool, ended: bool, source: str = "") -> None:
+        """Count one target call that verified k draft tokens, proposed by `source`, and accepted
+        n_acc: `shown` tokens of answer, then the end-of-generation token if `eog`; `ended`: the
+        generation ended there."""
         drafted, accepted, rejected = _step_counts(k, n_acc, shown + eog if ended else None)
+        if drafted:
+            self._add_source(source, drafted, accepted)
         self.target_calls += 1
         self.generated += shown
         self.end_tokens += eog
@@ -192,6 +205,8 @@ class Stats:
         self._count_depths(was[1], was[2], -1)
         self._count_depths(now[1], now[2], 1)
         if was[0]:
+            self._add_source(ev.source, now[0] - was[0], now[1] - was[1])
+        if was[0]:
             self.accepted_hist[was[1]] -= 1
             if not self.accepted_hist[was[1]]:
                 del self.accepted_hist[was[1]]
@@ -206,6 +221,10 @@ class Stats:
         while self.depth_tested and not self.depth_tested[-1]:  # depths no longer tested
             self.depth_tested.pop()
             self.depth_accepted.pop()
+
+    def _add_source(self, source: str, drafted: int, accepted: int) -> None:
+        self.source_drafted[source] = self.source_drafted.get(source, 0) + drafted
+        self.source_accepted[source] = self.source_accepted.get(source, 0) + accepted
 
     def _add_depth(self, d: int, tested: int, accepted: int) -> None:
         """Add to the counts of depth d+1 (index d), growing the lists as needed."""

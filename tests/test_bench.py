@@ -47,9 +47,25 @@ def test_load_suite_reads_both_formats(tmp_path):
     assert prompts[1].text == "Repeat this sentence: the cat sat on the mat."  # first turn only
 
 
+def test_agent_suite_carries_what_agents_send(tmp_path):
+    """The agent suite's lines carry a system message, an answer budget, a kind and a session; each
+    session edits one file in turn, and the fields are checked like the others."""
+    prompts = load_suite("agent")
+    assert {p.category for p in prompts} == {"agent"}
+    assert {p.kind for p in prompts} == {"edit", "diff", "rewrite", "tool", "extract"}
+    assert all(p.system and p.max_tokens and 64 <= p.max_tokens <= 160 and p.session for p in prompts)
+    sessions: dict[str, list[str]] = {}
+    for p in prompts:
+        sessions.setdefault(p.session, []).append(p.id)
+    assert sum(len(v) >= 3 for v in sessions.values()) >= 4  # files edited several times, tool loops, a pipeline
+    bad = write_suite(tmp_path / "bad.jsonl", [{"id": "x", "category": "agent", "prompt": "p", "max_tokens": 0}])
+    with pytest.raises(EdgeSpecError, match=r"bad.jsonl:1: 'max_tokens' must be a whole number >= 1"):
+        load_suite(bad)
+
+
 def test_shipped_spec_bench_loads_with_filters():
     suites = shipped_suites()
-    assert set(suites) == {"code_edit", "code_open", "spec_bench"}
+    assert set(suites) == {"agent", "code_edit", "code_open", "spec_bench"}
     assert suites["spec_bench"].parent == ROOT / "edgespec" / "suites"  # package data, found by importlib
     prompts = load_suites([suites["spec_bench"]], ["summarization", "rag"], per_category=2)
     assert [p.category for p in prompts] == ["summarization"] * 2 + ["rag"] * 2

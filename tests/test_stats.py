@@ -20,6 +20,7 @@ class Step:
     accepted: int
     produced: int
     done: bool = False
+    source: str = ""
 
 
 def test_alpha_by_depth_counts_each_tested_draft_at_its_depth():
@@ -50,10 +51,11 @@ def test_alpha_by_depth_stops_at_the_generations_end():
 
 def test_end_in_step_recounts_the_depths_of_the_last_step():
     st = Stats()
-    st.record_step(2, 0, 1, False, False)
-    st.record_step(5, 5, 6, False, False)  # counted in full, then a stop string ends it at token 2
+    st.record_step(2, 0, 1, False, False, "context")
+    st.record_step(5, 5, 6, False, False, "answers")  # counted in full, then a stop string ends it at token 2
     assert st.depth_tested == [2, 1, 1, 1, 1]
-    st.end_in_step(Step(drafted=5, accepted=5, produced=6), produced=2, generated=2)
+    st.end_in_step(Step(drafted=5, accepted=5, produced=6, source="answers"), produced=2, generated=2)
+    assert st.source_drafted == {"context": 2, "answers": 2} and st.source_accepted == {"context": 0, "answers": 2}
     assert st.depth_tested == [2, 1]  # depths 3-5 came after the end: no longer tested
     assert st.depth_accepted == [1, 1]
     assert (st.drafted, st.accepted, st.rejections) == (4, 2, 1)

@@ -29,7 +29,7 @@ NGRAM_SIZES = (1, 16)  # the n-gram drafter's default (smallest, largest) match 
 
 # The drafters that ship with EdgeSpec; each module registers itself with `register` on import.
 DRAFTER_MODULES = ("edgespec.drafters.ngram", "edgespec.drafters.model", "edgespec.drafters.onnx",
-                   "edgespec.drafters.combined")
+                   "edgespec.drafters.combined", "edgespec.drafters.suffix")
 
 # The source a learned drafter names on its drafts and hints (Draft.source, Hint.source): token
 # provenance shows it, so a combined run's two sources can be told apart.
@@ -72,6 +72,10 @@ class Hint:
     held-out figure): gamma auto does not probe where even that would not pay on this machine.
     copies: the proposal copies on from a matched span of the context (n-gram lookup), so draft
     token j continues a match of size + j - 1 and acceptance is read per size along the draft.
+    confidence: the drafter's own estimate, per draft position j (0-based), that token j is accepted
+    once the tokens before it were (a frequency-scored candidate: how often the matched text went on
+    this way, calibrated by the drafter's record); the proposal has len(confidence) tokens. Gamma auto
+    plans with it as given. Empty: the drafter has no such estimate.
     """
 
     size: int | None = None
@@ -79,6 +83,7 @@ class Hint:
     draft_cost_s: float | None = None
     alpha_max: float | None = None
     copies: bool = False
+    confidence: tuple[float, ...] = ()
 
     @classmethod
     def nothing(cls, source: str = "") -> Hint:
@@ -121,18 +126,23 @@ class Drafter(Protocol):
         """Seconds to draft one token on this machine (0 for a lookup), for the cost model's c."""
 
     def close(self) -> None:
-        """Release resources (models, contexts, sessions)."""
+        """The drafter's life ends (a drafter built per request: its generation is over). Release
+        resources (models, contexts, sessions); a drafter that learns from earlier answers keeps
+        this generation's answer."""
 
 
 @dataclass(frozen=True)
 class DraftContext:
     """What building a drafter may use: the target it drafts for, how models are loaded, and the
-    argument after the drafter's name (`--draft NAME:ARG`)."""
+    argument after the drafter's name (`--draft NAME:ARG`), and whose request it drafts for: a
+    drafter that learns from earlier answers keeps them per owner ('' = this machine's user; the
+    server: a digest of the client's API key), so one user's answers never draft for another."""
 
     target: Model
     opts: RuntimeOptions
     arg: str = ""
     ngram: tuple[int, int] = NGRAM_SIZES
+    owner: str = ""
 
 
 @dataclass(frozen=True)
@@ -190,8 +200,10 @@ def spec_names() -> str:
     return ", ".join(["none", *(f"{k.name}:..." if k.takes_model else k.name for k in kinds().values())])
 
 
-def build(spec: str, ctx_target: Model, opts: RuntimeOptions, ngram: tuple[int, int] = NGRAM_SIZES) -> Drafter | None:
-    """The drafter `spec` names, built for `ctx_target`; None for 'none' (plain decoding)."""
+def build(spec: str, ctx_target: Model, opts: RuntimeOptions, ngram: tuple[int, int] = NGRAM_SIZES,
+          owner: str = "") -> Drafter | None:
+    """The drafter `spec` names, built for `ctx_target` and a request of `owner` (DraftContext);
+    None for 'none' (plain decoding)."""
     kind, arg = split_spec(spec)
     if kind == "none":
         return None
@@ -199,7 +211,7 @@ def build(spec: str, ctx_target: Model, opts: RuntimeOptions, ngram: tuple[int, 
     if k.takes_model and not arg:
         raise EdgeSpecError(f"drafter {kind!r} needs a model: --draft {kind}:PATH_OR_NAME")
     try:
-        return k.build(DraftContext(ctx_target, opts, arg, ngram))
+        return k.build(DraftContext(ctx_target, opts, arg, ngram, owner))
     except EdgeSpecError as exc:
         # A bare name that is no model may have been meant as a drafter (a typo, a plug-in that
         # did not load): name the drafters too, not only the models.

@@ -40,6 +40,15 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"requests that may wait while one generates; more get 429 (default {DEFAULT_QUEUE})")
     ap.add_argument("--ui", action="store_true", help="also serve the web UI under /ui (same model, same process)")
     ap.add_argument("--model-id", default=None, help="the model's id in the API (default: the --target name)")
+    ap.add_argument("--answers", choices=["key", "shared"], default="key",
+                    help="earlier answers the suffix drafter learns from: kept per API key the client sends (default), "
+                    "or shared by every client (a single-user desktop)")
+    ap.add_argument("--answers-tokens", type=int, default=None, metavar="N",
+                    help="earlier answers kept in memory, in tokens, for all keys together; the oldest go first "
+                    "(default 131072, about 16 MB; 0 keeps none)")
+    ap.add_argument("--answers-persist", action="store_true",
+                    help="keep earlier answers between runs under $EDGESPEC_CACHE/answers (one file per model and key, "
+                    "at most twice --answers-tokens each)")
     add_generation_args(ap)
     return ap
 
@@ -52,6 +61,12 @@ def load(args: argparse.Namespace) -> tuple[Server, ModelPool]:
 
     if args.queue < 0:
         raise EdgeSpecError(f"--queue must be >= 0, got {args.queue}")
+    from edgespec.drafters import suffix
+
+    cap = suffix.DEFAULT_CAP if args.answers_tokens is None else args.answers_tokens
+    if cap < 0:
+        raise EdgeSpecError(f"--answers-tokens must be >= 0, got {cap}")
+    suffix.STORE.configure(cap, suffix.AnswerStore.default_folder() if args.answers_persist else None)
     target = args.target or DEFAULT_TARGET
     defaults = Request.from_args(args, "(server defaults)")
     drafters.split_spec(args.draft)
@@ -65,7 +80,7 @@ def load(args: argparse.Namespace) -> tuple[Server, ModelPool]:
         session.run(warm)
     slot = ModelSlot(args.model_id or target, key, pool, args.queue,
                      aliases=(target, Path(path).name, Path(path).stem, str(path)))
-    return Server(slot, defaults, args.api_key, args.draft), pool
+    return Server(slot, defaults, args.api_key, args.draft, shared_answers=args.answers == "shared"), pool
 
 
 def main(argv: Sequence[str]) -> int:

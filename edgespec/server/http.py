@@ -9,9 +9,11 @@ annotations are module-level names, since FastAPI resolves the string annotation
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import sys
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
@@ -20,7 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from edgespec.args import key_auth
+from edgespec.args import api_keys, key_auth
 from edgespec.errors import one_line
 from edgespec.server.protocol import ApiError, ChatBody, CompletionBody, Envelope, Kind, parse, sse, to_request
 from edgespec.server.worker import Busy, Closing, Job, Message, ModelSlot
@@ -33,13 +35,18 @@ POLL_S = 0.25  # how often a waiting handler checks that its client is still the
 
 
 class Server:
-    """The served model(s) and the request defaults from the command line."""
+    """The served model(s) and the request defaults from the command line. `api_key` is one key or
+    several separated by commas; with `shared_answers` every client's requests draft from one cache
+    of earlier answers (a single-user desktop), else each API key has its own (`owner`)."""
 
-    def __init__(self, slot: ModelSlot, defaults: Request, api_key: str | None, draft_spec: str) -> None:
+    def __init__(self, slot: ModelSlot, defaults: Request, api_key: str | None, draft_spec: str,
+                 shared_answers: bool = False) -> None:
         self.slot = slot
         self.defaults = defaults  # a session.Request built from the command line
         self.api_key = api_key
+        self.keys = api_keys(api_key)
         self.draft_spec = draft_spec
+        self.shared_answers = shared_answers
 
     def slot_for(self, model: str | None) -> ModelSlot:
         if model is None or model == "" or model in self.slot.aliases:
@@ -52,15 +59,21 @@ class Server:
         return to_request(body, self.defaults, self.draft_spec)
 
     def check_key(self, request: HTTPRequest) -> None:
-        if self.api_key is None:
+        if not self.keys:
             return
-        auth = request.headers.get("authorization", "")
-        scheme, _, token = auth.partition(" ")
-        if scheme.lower() != "bearer" or not token:
+        token = _bearer(request)
+        if not token:
             raise ApiError(401, "missing API key: send the header 'Authorization: Bearer KEY'", "invalid_api_key",
                            kind="authentication_error")
-        if not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
+        if not any(hmac.compare_digest(token.encode(), k.encode()) for k in self.keys):
             raise ApiError(401, "incorrect API key", "invalid_api_key", kind="authentication_error")
+
+    def owner(self, request: HTTPRequest) -> str:
+        """Whose earlier answers the request's drafter uses (Request.owner): a digest of the bearer
+        token the client sent (checked or not; the key itself is never kept), '' without one or
+        when the answers are shared."""
+        token = "" if self.shared_answers else _bearer(request)
+        return "key:" + hashlib.sha256(token.encode()).hexdigest()[:16] if token else ""
 
     def model_card(self) -> dict:
         slot = self.slot
@@ -96,6 +109,12 @@ def create_app(server: Server, ui: gr.Blocks | None = None) -> FastAPI:
 
 def _server(request: HTTPRequest) -> Server:
     return request.app.state.server
+
+
+def _bearer(request: HTTPRequest) -> str:
+    """The token of an 'Authorization: Bearer TOKEN' header, '' without one."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
 
 
 # ----------------------------------------------------------------------------- errors
@@ -173,7 +192,7 @@ async def generate(request: HTTPRequest, kind: Kind) -> Any:
     body = parse(await request.body(), kind)
     slot = server.slot_for(body.model)
     req, given = server.request(body)
-    job = Job(req, given, asyncio.get_running_loop())
+    job = Job(replace(req, owner=server.owner(request)), given, asyncio.get_running_loop())
     submit(slot, job)
     try:
         await started(job, slot, request)

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from edgespec import drafters
 from edgespec.errors import EdgeSpecError, one_line
 from edgespec.sampling import SamplingParams
 from edgespec.session import Reply, Request
@@ -183,11 +184,16 @@ def _unsupported(body: Body) -> None:
 
 
 def _draft(body: Body, defaults: Request, draft_spec: str) -> str:
+    """The body's drafter: 'none', the server's own, or a registered drafter that loads no model
+    (ngram, suffix: built per request at no cost, so a client can compare them on one server)."""
     if body.draft is None:
         return defaults.draft
-    if body.draft not in ("none", draft_spec):
-        raise ApiError(400, f"draft must be 'none' or this server's drafter {draft_spec!r}, got {body.draft!r}",
-                       param="draft")
+    if body.draft in ("none", draft_spec):
+        return body.draft
+    cheap = [k.name for k in drafters.kinds().values() if not k.takes_model]
+    if body.draft not in cheap:
+        raise ApiError(400, f"draft must be 'none', this server's drafter {draft_spec!r} or one of "
+                       f"{', '.join(cheap)}, got {body.draft!r}", param="draft")
     return body.draft
 
 
@@ -278,6 +284,9 @@ def summary(reply: Reply) -> dict:
         "predicted_per_second": st.tokens_per_s,
         "draft_n": st.drafted,
         "draft_n_accepted": st.accepted,
+        # by the source that proposed the draft (the suffix drafter: 'context' or 'answers')
+        "draft_n_by_source": dict(st.source_drafted),
+        "draft_n_accepted_by_source": dict(st.source_accepted),
         # EdgeSpec's (stats.Stats, one definition each)
         "acceptance": st.acceptance_rate,
         "alpha": st.alpha,

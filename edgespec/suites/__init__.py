@@ -1,7 +1,9 @@
 """Prompt suites: JSONL files, one prompt per line, read by the bench, `distill` and the UI's bench tab.
 
 Two line formats are accepted:
-  ours        {"id": ..., "category": ..., "prompt": "..."}
+  ours        {"id": ..., "category": ..., "prompt": "..."}, optionally with "system" (the system
+              message an agent sends with it), "max_tokens" (the answer's budget), "kind" (a finer
+              class for reports) and "session" (requests of one agent session, in file order)
   Spec-Bench  {"question_id": ..., "category": ..., "turns": ["...", ...]}  (only the first turn is
               used: the benchmark measures single-turn decoding)
 Every problem is reported as one line naming the file and the line number.
@@ -29,6 +31,10 @@ class Prompt:
     category: str
     text: str
     source: str  # "file:line", for messages
+    system: str | None = None
+    max_tokens: int | None = None
+    kind: str | None = None
+    session: str | None = None
 
 
 def _parse_line(obj: object, where: str) -> Prompt:
@@ -58,7 +64,14 @@ def _parse_line(obj: object, where: str) -> Prompt:
         raise EdgeSpecError(f"{where}: the prompt is empty")
     if not isinstance(pid, (str, int)) or isinstance(pid, bool):
         raise EdgeSpecError(f"{where}: the id must be a string or an integer")
-    return Prompt(str(pid), category.strip(), text, where)
+    for name in ("system", "kind", "session"):
+        if name in obj and (not isinstance(obj[name], str) or not obj[name].strip()):
+            raise EdgeSpecError(f"{where}: {name!r} must be a non-empty string")
+    max_tokens = obj.get("max_tokens")
+    if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 1):
+        raise EdgeSpecError(f"{where}: 'max_tokens' must be a whole number >= 1")
+    return Prompt(str(pid), category.strip(), text, where, obj.get("system"), max_tokens, obj.get("kind"),
+                  obj.get("session"))
 
 
 def shipped_suites() -> dict[str, Path]:

@@ -1,0 +1,254 @@
+"""The suffix drafter: its index of earlier answers against a brute-force search, frequency-scored
+candidates, bounded memory, persistence (corrupt and foreign files ignored), owners kept apart, and on
+the real bundled models: the same proposals as n-gram without earlier answers, earlier answers
+drafted and accepted, and output unchanged (greedy equal to plain decoding on the same kernel path,
+seeded sampling equal to plain seeded sampling)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edgespec.adaptive import AutoGamma
+from edgespec.costs import CostModel
+from edgespec.drafters import Hint
+from edgespec.drafters.ngram import NgramDrafter
+from edgespec.drafters.suffix import (
+    ANSWERS,
+    CONTEXT,
+    LEAD,
+    MAX_OCC,
+    SIZES,
+    AnswerIndex,
+    AnswerStore,
+    SuffixDrafter,
+    model_id,
+)
+from edgespec.engine import Engine, FixedGamma
+from edgespec.sampling import SamplingParams
+from edgespec.session import Reply
+from tests.test_engine import PROMPTS, encode, same_path
+
+
+# ----------------------------------------------------------------------------- the index, no model
+def brute_match(records: list[tuple[list[int], list[int]]], context: list[int]) -> tuple[int, list[int]]:
+    """(longest ladder size n whose last n context tokens occur in a record ending where an answer
+    token follows, every such position in the concatenated token array)."""
+    flat, ends = [], []
+    for lead, answer in records:
+        start = len(flat)
+        rec = lead + answer
+        flat += rec + [-1]
+        ends.append((start, len(lead), len(rec)))
+    for n in sorted((s for s in SIZES if s <= len(context)), reverse=True):
+        tail = context[-n:]
+        found = [start + e for start, lead, body in ends for e in range(max(n - 1, lead - 1), body - 1)
+                 if flat[start + e - n + 1 : start + e + 1] == tail]
+        if found:
+            return n, sorted(found)[-MAX_OCC:]
+    return 0, []
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=LEAD),
+                          st.lists(st.integers(0, 3), min_size=1, max_size=30)), min_size=1, max_size=6),
+       st.lists(st.integers(0, 3), min_size=1, max_size=40))
+def test_match_agrees_with_brute_force(records, context):
+    idx = AnswerIndex.empty()
+    for seq, (lead, answer) in enumerate(records):
+        idx = idx.added(lead, answer, seq)
+    n, occ = idx.match(context)
+    assert (n, occ.tolist()) == brute_match(records, context)
+    for r, (lead, answer) in enumerate(records):
+        assert idx.record(r) == (lead, answer)
+
+
+def test_walk_follows_the_most_supported_continuation():
+    idx = AnswerIndex.empty()
+    lead = [90, 91]
+    for seq, answer in enumerate(([1, 2, 3, 4, 5], [1, 2, 3, 7, 8], [1, 2, 3, 4, 5], [1, 2, 9])):
+        idx = idx.added(lead, answer, seq)
+    n, occ = idx.match([50, 90, 91])  # an answer's start: the lead (the chat template's turn header) matches
+    assert n == 2 and occ.size == 4
+    w = idx.walk(occ, 10)
+    # 4 of 4 start 1 2 3; then 2 of 3 go on with 4 (the answer [1, 2, 9] ended a token earlier)
+    assert w.tokens == [1, 2, 3, 4, 5]
+    assert w.support == [(4, 4), (4, 4), (3, 4), (2, 3), (2, 2)]
+    assert [int(idx.tokens[p]) for p in w.at] == w.tokens
+    # a tie goes to the most recent occurrence's continuation
+    tie = AnswerIndex.empty().added(lead, [1, 6], 0).added(lead, [1, 7], 1)
+    assert tie.walk(tie.match([90, 91, 1])[1], 4).tokens == [7]
+
+
+def test_walk_stops_where_the_occurrences_disagree():
+    idx = AnswerIndex.empty()
+    for seq, third in enumerate(range(3, 9)):
+        idx = idx.added([9], [1, 2, third], seq)
+    w = idx.walk(idx.match([9])[1], 8)
+    assert w.tokens == [1, 2]  # six different third tokens: none has the support (MIN_PATH) to be proposed
+
+
+def test_memory_stays_bounded_with_thousands_of_answers(smollm2):
+    """3,000 answers from three owners into a store capped at 20,000 tokens: the store never holds
+    more than the cap, its arrays stay ~120 bytes a token, the newest answers stay and the oldest go."""
+    store = AnswerStore(cap=20_000)
+    caches = [store.cache(smollm2, f"owner-{i}") for i in range(3)]
+    rng = np.random.default_rng(0)
+    sizes = []
+    for i in range(3000):
+        answer = [int(t) for t in rng.integers(100, 5000, size=int(rng.integers(20, 60)))]
+        caches[i % 3].add([1, 2, 3], [7000 + i % 1000, *answer])
+        sizes.append(store.tokens)
+        assert store.tokens <= 20_000
+    assert max(sizes) <= 20_000 and min(sizes[-500:]) > 15_000
+    assert store.nbytes <= 20_000 * (4 + 12 * len(SIZES) + 8)
+    newest, oldest = caches[2999 % 3], caches[0]
+    assert newest.view().match([1, 2, 3, 7000 + 2999 % 1000])[0] >= 4
+    assert oldest.view().match([1, 2, 3, 7000])[0] < 4  # answer 0 and its 1000th successor both evicted
+
+
+def test_owners_and_models_are_kept_apart(smollm2, gemma):
+    store = AnswerStore()
+    store.cache(smollm2, "alice").add([1, 2], [10, 11, 12, 13, 14])
+    assert store.cache(smollm2, "alice").view().match([1, 2, 10])[0] == 3
+    assert store.cache(smollm2, "bob").view().records == 0
+    assert store.cache(gemma, "alice").view().records == 0
+    assert AnswerStore(cap=0).cache(smollm2, "alice") is None  # --answers-tokens 0 keeps none
+
+
+def test_persisted_answers_come_back_within_the_cap(smollm2, tmp_path):
+    store = AnswerStore(cap=1000, folder=tmp_path)
+    cache = store.cache(smollm2, "alice")
+    for i in range(60):  # 60 x 42 tokens: the file is compacted at twice the cap
+        cache.add([1, 2, 3], [500 + i] * 40)
+    files = list(tmp_path.glob("*.jsonl"))
+    assert len(files) == 1 and (files[0].stat().st_mode & 0o777) == 0o600
+    assert sum(len(json.loads(x)["answer"]) for x in files[0].read_text().splitlines()[1:]) <= 2 * 1000
+    again = AnswerStore(cap=1000, folder=tmp_path).cache(smollm2, "alice")
+    assert 0 < again.tokens <= 1000
+    assert again.view().match([1, 2, 3, 559])[0] == 4  # the newest answer is back
+    assert AnswerStore(cap=1000, folder=tmp_path).cache(smollm2, "bob").tokens == 0
+
+
+@pytest.mark.parametrize("content, why", [
+    ("not json at all\n", "corrupt at line 1"),
+    ('{"hello": "world"}\n', "not an EdgeSpec answers file"),
+    ('{"format": "edgespec-answers", "version": 1, "model": "MODEL"}\n{"lead": [1], "answer": [2, 3\n', "corrupt at line 2"),
+    ('{"format": "edgespec-answers", "version": 1, "model": "MODEL"}\n{"lead": [1], "answer": [99999999, 1, 2, 3]}\n',
+     "corrupt at line 2"),
+    ('{"format": "edgespec-answers", "version": 1, "model": "other.gguf:1:2"}\n{"lead": [1], "answer": [2, 3, 4, 5]}\n',
+     "made for another model"),
+    ('{"format": "edgespec-answers", "version": 7, "model": "MODEL"}\n', "format version 7"),
+])
+def test_a_corrupt_or_foreign_file_is_ignored_with_one_line(smollm2, tmp_path, capsys, content, why):
+    store = AnswerStore(cap=1000, folder=tmp_path)
+    path = store.cache(smollm2, "alice").path
+    store.clear()
+    path.write_text(content.replace("MODEL", model_id(smollm2)))
+    cache = store.cache(smollm2, "alice")
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and why in err and str(path) in err
+    assert cache.tokens == 0
+    cache.add([1, 2], [10, 11, 12, 13])  # the next answer writes the file afresh
+    assert AnswerStore(cap=1000, folder=tmp_path).cache(smollm2, "alice").tokens > 0
+    assert capsys.readouterr().err == ""
+
+
+def test_gamma_auto_plans_with_the_drafters_confidence():
+    costs = CostModel({1: 1.0, 2: 1.6, 3: 2.1, 4: 2.5, 8: 4.4, 16: 5.4}, gamma_max=15)  # the 1.5B's T(K) on Zen 5
+    g = AutoGamma()
+    g.start(costs)
+    sure = g.choose(Hint(2, ANSWERS, copies=True, confidence=(0.97,) * 6))
+    assert sure == 6  # as long as the proposal, at the confidence given
+    assert g.choose(Hint(2, ANSWERS, copies=True, confidence=(0.3, 0.3))) == 0
+    assert g.choose(Hint(2, CONTEXT, copies=True)) == 0  # a 2-token context match: the uninformed prior
+
+
+# ----------------------------------------------------------------------------- on the real models
+def generate(model, drafter, text: str, gamma: int = 4, max_tokens: int = 64, **kw) -> Reply:
+    cfg = same_path(max_tokens, **kw)
+    reply = Reply.collect(Engine(model, drafter, FixedGamma(gamma)).generate(encode(model, text), cfg))
+    if drafter is not None:
+        drafter.close()  # as the session does after every generation: the answer joins the cache
+    return reply
+
+
+QUESTIONS = [
+    "Write a Python function that returns the square of a number.",
+    "Write a Python function that returns the cube of a number.",
+    "Write a Python function that returns the double of a number.",
+]
+
+
+def test_without_earlier_answers_it_drafts_what_ngram_drafts(smollm2):
+    for text in QUESTIONS[:2]:
+        ngram = generate(smollm2, NgramDrafter(), text)
+        suffix = generate(smollm2, SuffixDrafter(None), text)
+        assert suffix.tokens == ngram.tokens
+        assert suffix.stats.gamma_hist == ngram.stats.gamma_hist
+        assert (suffix.stats.drafted, suffix.stats.accepted) == (ngram.stats.drafted, ngram.stats.accepted)
+        assert set(suffix.stats.source_drafted) <= {CONTEXT}
+
+
+def test_earlier_answers_are_drafted_and_accepted(smollm2):
+    """The second question's answer repeats the first one's shape (a code block, the sentence after
+    it), which its prompt does not hold: tokens from earlier answers are drafted and accepted there.
+    A drafter with no earlier answers drafts none, and another owner's answers are not used."""
+    store = AnswerStore()
+    first = generate(smollm2, SuffixDrafter(store.cache(smollm2, "alice")), QUESTIONS[0])
+    assert first.stats.source_drafted.get(ANSWERS, 0) == 0
+    second = generate(smollm2, SuffixDrafter(store.cache(smollm2, "alice")), QUESTIONS[1])
+    assert second.stats.source_accepted.get(ANSWERS, 0) >= 5
+    assert ANSWERS in second.drafted_by
+    stranger = generate(smollm2, SuffixDrafter(store.cache(smollm2, "bob")), QUESTIONS[1])
+    assert stranger.stats.source_drafted.get(ANSWERS, 0) == 0
+    assert stranger.tokens == second.tokens
+    assert second.stats.target_calls < stranger.stats.target_calls
+
+
+def test_greedy_output_equals_plain_with_earlier_answers(smollm2):
+    """On the same kernel path as plain decoding (tests/test_engine.py; SmolLM2's Q4_1 logits do not
+    depend on the batch there), what the drafter proposes never changes the greedy text, whichever
+    source proposed it. (Gemma's K-quant logits move with the batch in the fast build, for n-gram
+    drafts as well; exact mode is tested through the server, tests/test_server_answers.py.)"""
+    store = AnswerStore()
+    drafted_from_answers = 0
+    for text in [*QUESTIONS, *PROMPTS[:1]]:
+        ref = generate(smollm2, None, text)
+        for gamma in (1, 4, 8):
+            spec = generate(smollm2, SuffixDrafter(store.cache(smollm2, f"g{gamma}")), text, gamma)
+            assert spec.tokens == ref.tokens, f"gamma={gamma} {text[:30]!r}"
+            drafted_from_answers += spec.stats.source_accepted.get(ANSWERS, 0)
+    assert drafted_from_answers > 0
+
+
+def test_seeded_sampling_equals_plain_seeded_sampling(smollm2):
+    """Lossless at T > 0: draws are keyed by position, and SmolLM2's logits do not depend on the batch
+    on this path, so a seeded run drafting from earlier answers prints what seeded plain sampling does."""
+    sampling = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, seed=5)
+    store = AnswerStore()
+    cache = store.cache(smollm2, "alice")
+    from_answers = 0
+    for text in QUESTIONS:
+        ref = generate(smollm2, None, text, sampling=sampling)
+        for gamma in (3, 6):
+            spec = generate(smollm2, SuffixDrafter(cache), text, gamma, sampling=sampling)
+            assert spec.tokens == ref.tokens, (gamma, text)
+            from_answers += spec.stats.source_accepted.get(ANSWERS, 0)
+    assert from_answers > 0
+
+
+def test_drafting_is_cheap_per_step(smollm2):
+    """Not a speed assertion on the machine: the drafter's own work per step stays far below a
+    target pass (it is timed by the engine as draft_s), with a thousand earlier answers."""
+    store = AnswerStore()
+    cache = store.cache(smollm2, "alice")
+    rng = np.random.default_rng(1)
+    for _ in range(1000):
+        cache.add([1, 2, 3], [int(t) for t in rng.integers(100, 3000, size=60)])
+    reply = generate(smollm2, SuffixDrafter(cache), QUESTIONS[0], max_tokens=48)
+    assert reply.stats.draft_s < reply.stats.target_s
