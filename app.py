@@ -3,7 +3,7 @@
 
 import sys
 
-from edgespec.cli import main
+from edgespec.apps.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

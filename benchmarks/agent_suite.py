@@ -1,5 +1,5 @@
 """The agent suite through `serve`: stateless chat requests as coding agents and pipelines send them
-(edits, diffs, rewrites, tool calls, extraction; `edgespec/suites/agent.jsonl`), sent in order with
+(edits, diffs, rewrites, tool calls, extraction; `edgespec/service/suites/agent.jsonl`), sent in order with
 the official `openai` client to `python app.py serve`, started here on 127.0.0.1.
 
     .venv/bin/python -m benchmarks.agent_suite --target qwen2.5-coder-1.5b [--repeats 3]
@@ -14,7 +14,7 @@ request's answer in an earlier repeat), as an agent session would. Rates are the
 rate (`timings.predicted_per_second`: tokens after the prompt over decode seconds), the measure
 llama.cpp's programs print too.
 
-The llama.cpp references (`--reference`) run `llama-speculative-simple` (benchmarks/llamacpp.py,
+The llama.cpp references (`--reference`) run `llama-speculative-simple` (edgespec/runtime/llamacpp.py,
 built by scripts/build_reference.sh) on the same prompt tokens, one process per request: its
 ngram-cache type learns within a request only (this llama.cpp neither saves its dynamic cache nor
 takes -lcd in that program). Without the binary they are skipped with one line.
@@ -36,9 +36,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks import llamacpp
-from edgespec.errors import EdgeSpecError
-from edgespec.suites import Prompt, load_suites
+from edgespec.runtime import llamacpp
+from edgespec.runtime.errors import EdgeSpecError
+from edgespec.service.suites import Prompt, load_suites
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAIN = "plain"
@@ -126,14 +126,14 @@ class References:
         if binary is None:
             log(llamacpp.missing_message())
             return
-        from edgespec.loader import RuntimeOptions, load_model
+        from edgespec.models.loader import RuntimeOptions, load_model
 
         self.model = load_model(args.target, RuntimeOptions(n_ctx=args.ctx, n_threads=args.threads,
                                                             flash_attn=args.flash_attn, exact=args.exact))
         self.runs = {llamacpp.PREFIX + t: llamacpp.LlamaCppSpeculative(binary, self.model, t) for t in types}
 
     def tokens(self, pr: Prompt) -> list[int]:
-        from edgespec.session import Request, frame
+        from edgespec.service.session import Request, frame
 
         msgs = [{"role": "user", "content": pr.text}]
         return frame(self.model, Request(messages=msgs, system=pr.system, framing="auto", draft="none")).tokens
@@ -292,7 +292,7 @@ def markdown(report: dict, names: list[str]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from edgespec.args import Parser
+    from edgespec.apps.args import Parser
 
     ap = Parser(prog="python -m benchmarks.agent_suite",
                 description="Agent requests through `serve`: plain vs drafters (and llama.cpp's n-gram speculation), "

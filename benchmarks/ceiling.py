@@ -20,8 +20,8 @@ import json
 import sys
 from collections.abc import Sequence
 
-from edgespec.costs import CostModel, profile_rows
-from edgespec.loader import RuntimeOptions, load_model
+from edgespec.core.costs import CostModel, profile_rows
+from edgespec.models.loader import RuntimeOptions, load_model
 
 ALPHAS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 COSTS = (0.0, 0.01, 0.05, 0.2, 0.6)
@@ -77,8 +77,8 @@ def bench_rows(costs: CostModel, run: dict) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from edgespec.args import Parser
-    from edgespec.errors import run_command
+    from edgespec.apps.args import Parser
+    from edgespec.runtime.errors import run_command
 
     ap = Parser(prog="python -m benchmarks.ceiling", description=__doc__.split("\n")[0])
     ap.add_argument("--target", required=True, help="target model: .gguf path or catalog name")

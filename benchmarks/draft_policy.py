@@ -1,4 +1,4 @@
-"""How long should a draft model draft? gamma=auto (edgespec.adaptive) against fixed gamma and
+"""How long should a draft model draft? gamma=auto (edgespec.core.adaptive) against fixed gamma and
 against llama.cpp's draft-probability cutoff (draft up to gamma_max, stop once the draft's top
 probability falls below p_min), on the derived same-vocabulary pair and mixed Spec-Bench prompts.
 
@@ -15,11 +15,11 @@ import argparse
 import statistics
 import sys
 
-from edgespec.drafters import DraftContext, register
-from edgespec.drafters.model import ModelDrafter
-from edgespec.loader import RuntimeOptions, load_model
-from edgespec.session import Request, Session, frame
-from edgespec.suites import load_suite, shipped_suites
+from edgespec.core.drafters import DraftContext, register
+from edgespec.core.drafters.model import ModelDrafter
+from edgespec.models.loader import RuntimeOptions, load_model
+from edgespec.service.session import Request, Session, frame
+from edgespec.service.suites import load_suite, shipped_suites
 
 P_MIN = 0.75  # llama.cpp's default draft-probability cutoff
 WANTED = ["writing", "qa", "translation", "summarization", "coding", "rag", "math_reasoning", "extraction"]
@@ -45,7 +45,7 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
-    from models.derive import derive_pair
+    from edgespec.models.derive import derive_pair
 
     target_path, draft_path = derive_pair()
     session = Session.load(str(target_path), RuntimeOptions(n_ctx=4096))

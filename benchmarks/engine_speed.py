@@ -24,11 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
-from edgespec import runtime
-from edgespec.exactness import explain_divergence
-from edgespec.loader import RuntimeOptions, prepare_runtime
-from edgespec.session import Request, Session, frame
-from edgespec.suites import load_suite, shipped_suites
+from edgespec.models.loader import RuntimeOptions, prepare_runtime
+from edgespec.runtime import llama as runtime
+from edgespec.service.exactness import explain_divergence
+from edgespec.service.session import Request, Session, frame
+from edgespec.service.suites import load_suite, shipped_suites
 
 BARE = "bare llama_cpp loop"
 # Configurations of the session: (draft, gamma) per name; all greedy.

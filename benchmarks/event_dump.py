@@ -18,11 +18,11 @@ import json
 import sys
 from pathlib import Path
 
-from edgespec.errors import EdgeSpecError
-from edgespec.loader import RuntimeOptions
-from edgespec.sampling import SamplingParams
-from edgespec.session import Request, Session
-from edgespec.suites import load_suite
+from edgespec.core.sampling import SamplingParams
+from edgespec.models.loader import RuntimeOptions
+from edgespec.runtime.errors import EdgeSpecError
+from edgespec.service.session import Request, Session
+from edgespec.service.suites import load_suite
 
 # (name, target, draft, gamma, temperature, stop, max_tokens)
 CASES = [

@@ -14,11 +14,11 @@ import json
 import sys
 from pathlib import Path
 
-from edgespec import runtime
-from edgespec.engine import first_divergence
-from edgespec.loader import RuntimeOptions
-from edgespec.session import Request, Session
-from edgespec.suites import load_suites
+from edgespec.core.engine import first_divergence
+from edgespec.models.loader import RuntimeOptions
+from edgespec.runtime import llama as runtime
+from edgespec.service.session import Request, Session
+from edgespec.service.suites import load_suites
 
 CATEGORIES = ("writing", "translation", "summarization", "qa", "rag")
 

@@ -20,10 +20,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.report import BASELINE, REF_LOOKUP, REF_PLAIN
-from edgespec.costs import CostModel
-from edgespec.errors import EdgeSpecError, run_command
-from edgespec.stats import Stats
+from edgespec.core.costs import CostModel
+from edgespec.core.stats import Stats
+from edgespec.runtime.errors import EdgeSpecError, run_command
+from edgespec.service.bench.report import BASELINE, REF_LOOKUP, REF_PLAIN
 
 FLAT_GAMMA_MAX = 16  # longest draft of the T(K) = T(1) prediction
 
@@ -83,10 +83,10 @@ def summary_markdown(paths: Sequence[str]) -> str:
 
 def sampled(target: str, draft: str, temperature: float, gamma: int, max_tokens: int, seeds: int,
             categories: Sequence[str], per_category: int) -> str:
-    from edgespec.loader import RuntimeOptions
-    from edgespec.sampling import SamplingParams
-    from edgespec.session import Request, Session
-    from edgespec.suites import load_suites
+    from edgespec.core.sampling import SamplingParams
+    from edgespec.models.loader import RuntimeOptions
+    from edgespec.service.session import Request, Session
+    from edgespec.service.suites import load_suites
 
     session = Session.load(target, RuntimeOptions())
     framing = "question"

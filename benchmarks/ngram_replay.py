@@ -27,14 +27,14 @@ import sys
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
-from edgespec.adaptive import AutoGamma, size_class
-from edgespec.costs import CostModel
-from edgespec.drafters import Hint
-from edgespec.drafters.ngram import NgramDrafter
-from edgespec.firstrun import cache_dir
-from edgespec.loader import RuntimeOptions
-from edgespec.session import Request, Session, frame
-from edgespec.suites import GROUNDED, grounded_prompts, load_suite, shipped_suites
+from edgespec.core.adaptive import AutoGamma, size_class
+from edgespec.core.costs import CostModel
+from edgespec.core.drafters import Hint
+from edgespec.core.drafters.ngram import NgramDrafter
+from edgespec.models.loader import RuntimeOptions
+from edgespec.runtime.firstrun import cache_dir
+from edgespec.service.session import Request, Session, frame
+from edgespec.service.suites import GROUNDED, grounded_prompts, load_suite, shipped_suites
 
 OPEN = ("writing", "roleplay", "reasoning", "math", "coding", "stem", "humanities", "qa", "translation")
 J_MAX = 64  # draft positions tabled

@@ -15,10 +15,10 @@ import statistics
 import sys
 from collections import defaultdict
 
-from edgespec import costs
-from edgespec.loader import RuntimeOptions
-from edgespec.session import Request, Session
-from edgespec.suites import grounded_prompts
+from edgespec.core import costs
+from edgespec.models.loader import RuntimeOptions
+from edgespec.service.session import Request, Session
+from edgespec.service.suites import grounded_prompts
 
 
 def main(argv: list[str]) -> int:

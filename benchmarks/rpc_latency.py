@@ -32,12 +32,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from edgespec import rpc
-from edgespec.args import Parser
-from edgespec.errors import EdgeSpecError, run_command
-from edgespec.loader import RuntimeOptions
-from edgespec.session import Request, Session
-from edgespec.suites import load_suites
+from edgespec.apps.args import Parser
+from edgespec.models.loader import RuntimeOptions
+from edgespec.runtime import rpc
+from edgespec.runtime.errors import EdgeSpecError, run_command
+from edgespec.service.session import Request, Session
+from edgespec.service.suites import load_suites
 
 MODES = {"plain": ("none", "auto"), "speculative": ("ngram", "auto")}
 PROMPTS = (("code_edit", "code_edit"), ("spec_bench", "writing"))  # (suite, category): first prompt of each
@@ -240,7 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The relays' ports are new every run, and so are the profiles keyed by them: keep those out
         # of the user's store unless asked.
         os.environ.setdefault("EDGESPEC_PROFILES", tempfile.mkdtemp(prefix="edgespec-rpc-profiles-"))
-        from models import resolve
+        from edgespec.models import resolve
 
         target = str(resolve(args.target))
         links: list[Link] = []

@@ -31,7 +31,7 @@ import subprocess
 import sys
 import time
 
-from edgespec.errors import EdgeSpecError, run_command
+from edgespec.runtime.errors import EdgeSpecError, run_command
 
 FILLER = (
     "def parse_config(path):\n    with open(path) as fh:\n        data = json.load(fh)\n"
@@ -57,8 +57,8 @@ def parse_rows(text: str) -> list[int]:
 
 def child(model_name: str, rows: list[int], threads: int | None, flash_attn: str, at: int) -> int:
     """Serve rounds on stdin/stdout: each input line asks for one timed pass per row count."""
-    from edgespec import runtime
-    from models import resolve
+    from edgespec.models import resolve
+    from edgespec.runtime import llama as runtime
 
     model = runtime.Model(resolve(model_name), n_ctx=at + max(rows) + 16, n_batch=max(64, max(rows)),
                           n_threads=threads, flash_attn=flash_attn)
@@ -86,8 +86,8 @@ def child(model_name: str, rows: list[int], threads: int | None, flash_attn: str
 
 def e2e_child(model_name: str, threads: int | None) -> int:
     """Serve generation requests (JSON lines: text, draft, max_tokens) with one session."""
-    from edgespec.loader import RuntimeOptions
-    from edgespec.session import Request, Session
+    from edgespec.models.loader import RuntimeOptions
+    from edgespec.service.session import Request, Session
 
     session = Session.load(model_name, RuntimeOptions(n_threads=threads))
     session.run(Request(text="Say hi.", framing="question", draft="none", gamma="0", max_tokens=4))
@@ -108,8 +108,7 @@ def e2e_child(model_name: str, threads: int | None) -> int:
 
 
 def runtime_info() -> dict:
-    from edgespec import runtime
-
+    from edgespec.runtime import llama as runtime
     info = runtime.backend_info()
     return {"kernels": info.kernels, "variant": info.variant}
 
@@ -190,7 +189,7 @@ def measure(model: str, args: argparse.Namespace) -> None:
 
 
 def measure_e2e(model: str, args: argparse.Namespace) -> None:
-    from edgespec.suites import load_suites
+    from edgespec.service.suites import load_suites
 
     prompts = load_suites(["code_edit"])[: args.edit_prompts] + load_suites(["code_open"])[: args.open_prompts]
     configs = ["none", *[d.strip() for d in args.drafts.split(",") if d.strip()]]

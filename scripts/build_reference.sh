@@ -9,7 +9,7 @@
 # `common` helpers are compiled here, so both sides of a comparison run identical kernels, picked
 # for this CPU by the same loader, and nothing in it is specific to this processor.
 #
-# The AMX kernel module (sapphirerapids) is left out, as the app itself skips it (edgespec/backend.py):
+# The AMX kernel module (sapphirerapids) is left out, as the app itself skips it (edgespec/runtime/backend.py):
 # on AMX Xeons the loader would pick it and the program would die.
 #
 # The result is cached in $EDGESPEC_CACHE/reference/llama.cpp-<version>-<build key>-noamx

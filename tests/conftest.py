@@ -12,8 +12,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from edgespec.runtime import Model  # noqa: E402
-from models import bundled_path  # noqa: E402
+from edgespec.models import bundled_path  # noqa: E402
+from edgespec.runtime.llama import Model  # noqa: E402
 
 # Cost profiles measured while tests run (other processes may share the cores) stay out of the
 # user's store; subprocesses started by the tests inherit this.

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edgespec.drafters import Draft, DraftContext, Hint, register
-from edgespec.sampling import SamplingParams
+from edgespec.core.drafters import Draft, DraftContext, Hint, register
+from edgespec.core.sampling import SamplingParams
 
 
 class RepeatDrafter:

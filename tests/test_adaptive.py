@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from edgespec import backend
-from edgespec import costs as costs_mod
-from edgespec.adaptive import AutoGamma
-from edgespec.costs import PROBE_TEXT, CostModel, profile, profile_dir
-from edgespec.drafters import Hint
+from edgespec.core import costs as costs_mod
+from edgespec.core.adaptive import AutoGamma
+from edgespec.core.costs import PROBE_TEXT, CostModel, profile, profile_dir
+from edgespec.core.drafters import Hint
+from edgespec.runtime import backend
 
 
 def costs(per_row: float, c: float = 0.0, max_rows: int | None = None) -> CostModel:
@@ -138,7 +138,7 @@ def test_measured_speedup_never_exceeds_tokens_per_call():
 
 
 def test_profile_is_measured_once_and_reused(smollm2_path, tmp_path, monkeypatch):
-    from edgespec.runtime import Model
+    from edgespec.runtime.llama import Model
 
     monkeypatch.setenv("EDGESPEC_PROFILES", str(tmp_path))
     model = Model(smollm2_path, n_ctx=256)
@@ -160,7 +160,7 @@ def test_profile_is_measured_once_and_reused(smollm2_path, tmp_path, monkeypatch
 def test_a_profile_from_another_processor_is_not_reused(smollm2_path, tmp_path, monkeypatch):
     """The key holds the CPU's identity: a profile stored under another processor's signature
     (a home folder carried to another machine) is never read; this CPU measures its own."""
-    from edgespec.runtime import Model
+    from edgespec.runtime.llama import Model
 
     monkeypatch.setenv("EDGESPEC_PROFILES", str(tmp_path))
     model = Model(smollm2_path, n_ctx=256)
@@ -168,7 +168,7 @@ def test_a_profile_from_another_processor_is_not_reused(smollm2_path, tmp_path, 
         costs_mod._loaded.clear()
         here = profile(model, [1, 2]).pass_s.copy()
         (mine,) = tmp_path.glob("*.json")
-        import edgespec.runtime as rt
+        import edgespec.runtime.llama as rt
 
         be = rt.backend_info()
         other = backend.Cpu("Some Other CPU", frozenset({"avx2", "avx512f"}))
@@ -187,7 +187,7 @@ def test_a_profile_from_another_processor_is_not_reused(smollm2_path, tmp_path, 
 def test_a_profile_slower_than_the_machine_is_forgotten(smollm2_path, tmp_path, monkeypatch):
     """A profile measured on a loaded machine (stored T(1) much slower than the single-token passes
     a generation times) is marked stale and measured again on next use."""
-    from edgespec.runtime import Model
+    from edgespec.runtime.llama import Model
 
     monkeypatch.setenv("EDGESPEC_PROFILES", str(tmp_path))
     model = Model(smollm2_path, n_ctx=256)
@@ -231,7 +231,7 @@ def test_a_long_match_is_drafted_at_once_where_verification_is_dear():
 
 
 def test_match_prior_steps_down_to_the_tabled_size_and_short_matches_start_uninformed():
-    from edgespec.adaptive import MATCH_PRIOR, PRIOR_MIN_MATCH, match_prior, size_class, start_prior
+    from edgespec.core.adaptive import MATCH_PRIOR, PRIOR_MIN_MATCH, match_prior, size_class, start_prior
 
     assert match_prior(5) == MATCH_PRIOR[4] and match_prior(40) == MATCH_PRIOR[32] and match_prior(0) == 0.5
     assert size_class(100) == max(MATCH_PRIOR) and size_class(0) == 0
@@ -240,7 +240,7 @@ def test_match_prior_steps_down_to_the_tabled_size_and_short_matches_start_uninf
 
 
 def test_each_bundled_target_starts_from_its_own_table_and_others_from_the_lowest():
-    from edgespec.adaptive import MATCH_PRIOR, MEASURED_PRIORS, prior_table
+    from edgespec.core.adaptive import MATCH_PRIOR, MEASURED_PRIORS, prior_table
 
     assert all(MATCH_PRIOR[n] == min(t[n] for t in MEASURED_PRIORS.values()) for n in MATCH_PRIOR)
     assert prior_table("unknown.gguf") is MATCH_PRIOR and prior_table(None) is MATCH_PRIOR
@@ -291,7 +291,7 @@ def test_a_short_match_that_keeps_copying_is_drafted_longer():
 def test_profile_passes_run_after_real_context(smollm2_path):
     """T(K) is timed after CONTEXT_AT tokens (capped by the context), and the cache is left as it
     was found."""
-    from edgespec.runtime import Model
+    from edgespec.runtime.llama import Model
 
     model = Model(smollm2_path, n_ctx=128)
     try:

@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 
-from benchmarks import llamacpp
+from edgespec.runtime import llamacpp
 from tests.conftest import ROOT
 
 

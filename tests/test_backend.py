@@ -9,9 +9,10 @@ import sys
 
 import pytest
 
-from edgespec import backend, runtime
-from edgespec.buildcheck import _death, _run_child
-from edgespec.errors import EdgeSpecError
+from edgespec.apps.buildcheck import _death, _run_child
+from edgespec.runtime import backend
+from edgespec.runtime import llama as runtime
+from edgespec.runtime.errors import EdgeSpecError
 from tests.conftest import ROOT
 
 CPU = backend.this_cpu()
@@ -38,7 +39,7 @@ def test_the_best_variant_this_cpu_scores_is_chosen(smollm2):
 
 def test_build_check_proves_the_installed_library():
     """The set-up's check, run as the set-up runs it (children load SmolLM2 and decode 1 + 4 rows)."""
-    res = subprocess.run([sys.executable, "-m", "edgespec.buildcheck", "--dry-run"], cwd=ROOT,
+    res = subprocess.run([sys.executable, "-m", "edgespec.apps.buildcheck", "--dry-run"], cwd=ROOT,
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "llama.cpp runs here with the" in res.stdout
@@ -71,7 +72,7 @@ def test_forcing_a_variant_this_cpu_cannot_run_is_an_error(smollm2_path):
     unsupported = [n for n, p in mods.items() if backend.module_score(p) == 0]
     if not unsupported:
         pytest.skip("this CPU runs every variant")
-    res = subprocess.run([sys.executable, "-m", "edgespec.buildcheck", "--child", "fast", "--model", str(smollm2_path)],
+    res = subprocess.run([sys.executable, "-m", "edgespec.apps.buildcheck", "--child", "fast", "--model", str(smollm2_path)],
                          cwd=ROOT, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "EDGESPEC_CPU_VARIANT": unsupported[0]})
     assert res.returncode == 1 and "cannot run it" in res.stderr and "Traceback" not in res.stderr

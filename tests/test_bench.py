@@ -1,4 +1,4 @@
-"""`python app.py bench` (benchmarks.bench): suites, results.json consistency, the session layer's
+"""`python app.py bench` (edgespec.service.bench.runner): suites, results.json consistency, the session layer's
 predicted speedup and stored cost profile, bad input, Ctrl-C, --verify-cost.
 
 End-to-end runs use SmolLM2 with a tiny suite (a few prompts, <= 32 tokens, 1 repeat) and one
@@ -18,14 +18,14 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, run_app
 
-from benchmarks.bench import BASELINE, REF_LOOKUP, REF_PLAIN, BenchSettings, aggregate, pooled
 from benchmarks.ceiling import bench_rows
-from edgespec.costs import CostModel, profile_rows
-from edgespec.engine import first_divergence
-from edgespec.errors import EdgeSpecError
-from edgespec.session import FRAMINGS, QA_FRAME, Request, frame
-from edgespec.stats import Stats
-from edgespec.suites import load_suite, load_suites, shipped_suites
+from edgespec.core.costs import CostModel, profile_rows
+from edgespec.core.engine import first_divergence
+from edgespec.core.stats import Stats
+from edgespec.runtime.errors import EdgeSpecError
+from edgespec.service.bench.runner import BASELINE, REF_LOOKUP, REF_PLAIN, BenchSettings, aggregate, pooled
+from edgespec.service.session import FRAMINGS, QA_FRAME, Request, frame
+from edgespec.service.suites import load_suite, load_suites, shipped_suites
 
 CODE = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
 TINY = [

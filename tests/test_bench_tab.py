@@ -11,10 +11,10 @@ from pathlib import Path
 import gradio as gr
 import gradio.utils
 
-from edgespec.loader import RuntimeOptions
-from edgespec.pool import ModelPool
-from edgespec.ui.bench_tab import bench_tab, run_for_session, run_small_suite, stop_for_session, suite_choices
-from edgespec.ui.context import AppContext, Defaults
+from edgespec.apps.ui.bench_tab import bench_tab, run_for_session, run_small_suite, stop_for_session, suite_choices
+from edgespec.apps.ui.context import AppContext, Defaults
+from edgespec.models.loader import RuntimeOptions
+from edgespec.service.pool import ModelPool
 
 
 def make_ctx() -> AppContext:

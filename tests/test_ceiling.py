@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from benchmarks.ceiling import bench_rows, needed_alpha
-from edgespec.costs import CostModel
+from edgespec.core.costs import CostModel
 
 
 def test_flat_verification_cost_needs_little_acceptance():
@@ -25,7 +25,7 @@ def test_linear_verification_cost_never_pays():
 
 def test_bench_rows_use_measured_alpha_by_depth_and_cost():
     costs = CostModel({1: 1.0, 2: 1.2, 3: 1.4, 4: 1.6, 64: 20.0})
-    run = {"categories": {"overall": {  # results.json as benchmarks.bench writes it
+    run = {"categories": {"overall": {  # results.json as edgespec.service.bench.runner writes it
         "baseline": {"speedup": 1.0, "stats": {"alpha_by_depth": []}},
         "learned g=auto": {"stats": {"alpha_by_depth": [0.9, 0.8, 0.7]}, "draft_cost": 0.01, "speedup": 1.3},
     }}}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec import corpus
-from edgespec.errors import EdgeSpecError
+from edgespec.apps import corpus
+from edgespec.runtime.errors import EdgeSpecError
 
 
 def test_python_corpus_is_the_standard_library_without_tests_or_site_packages():

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from edgespec import costs
-from edgespec.runtime import Model
+from edgespec.core import costs
+from edgespec.runtime.llama import Model
 
 ROWS = [1, 2, 4, 8]
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec.drafters.model import ModelDrafter
-from edgespec.engine import Engine, FixedGamma, GenerationConfig
-from edgespec.errors import EdgeSpecError
-from edgespec.pairing import check_compatible
-from edgespec.runtime import Model
-from edgespec.sampling import SamplingParams
-from edgespec.session import Reply
-from models.derive import derive_pair
+from edgespec.core.drafters.model import ModelDrafter
+from edgespec.core.engine import Engine, FixedGamma, GenerationConfig
+from edgespec.core.sampling import SamplingParams
+from edgespec.models.derive import derive_pair
+from edgespec.models.pairing import check_compatible
+from edgespec.runtime.errors import EdgeSpecError
+from edgespec.runtime.llama import Model
+from edgespec.service.session import Reply
 from tests.conftest import run_app
 
 QUESTIONS = [

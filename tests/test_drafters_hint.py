@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec.adaptive import AutoGamma
-from edgespec.costs import CostModel
-from edgespec.drafters import LEARNED, Draft, Hint
-from edgespec.drafters.combined import CombinedDrafter
-from edgespec.drafters.model import ModelDrafter
-from edgespec.drafters.ngram import NgramDrafter
-from edgespec.sampling import SamplingParams
+from edgespec.core.adaptive import AutoGamma
+from edgespec.core.costs import CostModel
+from edgespec.core.drafters import LEARNED, Draft, Hint
+from edgespec.core.drafters.combined import CombinedDrafter
+from edgespec.core.drafters.model import ModelDrafter
+from edgespec.core.drafters.ngram import NgramDrafter
+from edgespec.core.sampling import SamplingParams
 from tests.drafter_plugin import RepeatDrafter
 
 CONTEXTS = ([5], [5, 6, 7, 5, 6], [1, 2, 3, 1, 2, 3, 1, 2, 3], [9, 8, 7])

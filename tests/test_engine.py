@@ -11,11 +11,11 @@ import threading
 
 import pytest
 
-from edgespec.drafters.ngram import NgramDrafter
-from edgespec.engine import BONUS, DRAFT, TARGET, Engine, FixedGamma, GenerationConfig
-from edgespec.errors import EdgeSpecError
-from edgespec.sampling import SamplingParams
-from edgespec.session import Reply
+from edgespec.core.drafters.ngram import NgramDrafter
+from edgespec.core.engine import BONUS, DRAFT, TARGET, Engine, FixedGamma, GenerationConfig
+from edgespec.core.sampling import SamplingParams
+from edgespec.runtime.errors import EdgeSpecError
+from edgespec.service.session import Reply
 
 PROMPTS = [
     "Rewrite this code with type hints:\n\ndef add(a, b):\n    return a + b\n\ndef mul(a, b):\n    return a * b\n\nAnswer:\n",
@@ -112,7 +112,7 @@ def test_stops_at_end_of_generation(smollm2):
 
 
 def test_context_limit(smollm2_path):
-    from edgespec.runtime import Model
+    from edgespec.runtime.llama import Model
 
     m = Model(smollm2_path, n_ctx=256, flash_attn="off")
     prompt = m.tokenize("word " * 200)

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from edgespec.backend import exact_available
-from models.derive import derive_pair
+from edgespec.models.derive import derive_pair
+from edgespec.runtime.backend import exact_available
 from tests.conftest import run_app
 
 pytestmark = [

@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgespec import backend, runtime
-from edgespec.buildcheck import PROB_TOLERANCE, softmax
+from edgespec.apps.buildcheck import PROB_TOLERANCE, softmax
+from edgespec.runtime import backend
+from edgespec.runtime import llama as runtime
 from tests.conftest import ROOT
 
 KERNELS = backend.kernels_dir()
@@ -30,7 +31,7 @@ TEXT = ("def mean(values):\n    total = 0\n    for v in values:\n        total +
 CHILD = """
 import json, sys
 import numpy as np
-from edgespec import runtime
+from edgespec.runtime import llama as runtime
 path, out = sys.argv[1], sys.argv[2]
 m = runtime.Model(path, n_ctx=256, n_batch=64, flash_attn="off", repack=sys.argv[4] == "repack")
 toks = m.tokenize(sys.argv[3], add_special=True)
@@ -74,7 +75,7 @@ def test_small_batch_logits_match_the_unpatched_module(name, tmp_path):
     no token's probability moves by more than 0.15 (a near-tie's top token may swap). Gemma-3-270M's
     Q4_K_M holds Q6_K and Q4_K tensors; the real 1.5B target, when installed, 354 MB of Q6_K and
     757 MB of Q4_K."""
-    from models import resolve_local
+    from edgespec.models import resolve_local
 
     path = resolve_local(name)
     if path is None:
@@ -150,7 +151,7 @@ def test_a_rejected_module_is_not_loaded(tmp_path):
 
 def test_benchmark_rows_parse_and_refuse_nonsense():
     from benchmarks.verify_kernels import parse_rows
-    from edgespec.errors import EdgeSpecError
+    from edgespec.runtime.errors import EdgeSpecError
 
     assert parse_rows("1-4,8,16") == [1, 2, 3, 4, 8, 16]
     for bad in ("", "0-3", "a", "1-", "65"):

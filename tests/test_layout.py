@@ -15,26 +15,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("edgespec", "models", "quant", "benchmarks")  # the import graph's nodes
-LIBRARY = ("edgespec", "models", "quant")  # code that must not know where the repository is
+sys.path.insert(0, str(ROOT))
+from edgespec import LAYERS  # noqa: E402  (the one place the layers are written: edgespec/__init__.py)
+
+PACKAGES = ("edgespec", "benchmarks")  # the import graph's nodes
+LIBRARY = ("edgespec",)  # code that must not know where the repository is
 LAYOUT_STRINGS = (".venv", "../shared", "shared/data", "PROJECT_ROOT")
-# README "Layout": the layers, top to bottom. A module may import from its own layer and the ones
-# below it. A name stands for the module and everything under it; the longest name that fits wins.
-LAYERS = {
-    "consumers": ("edgespec.cli", "edgespec.args", "edgespec.ui", "edgespec.server", "edgespec.distill",
-                  "edgespec.corpus", "edgespec.rpc_server", "edgespec.buildcheck", "benchmarks", "quant"),
-    "session": ("edgespec.session", "edgespec.pool", "edgespec.suites", "edgespec.exactness"),
-    "engine": ("edgespec.engine", "edgespec.adaptive", "edgespec.stats"),
-    "drafters": ("edgespec.drafters", "edgespec.learned_format", "edgespec.gguf_tensors"),
-    "loading": ("edgespec.costs", "edgespec.loader", "models", "edgespec.sampling",
-                "edgespec.pairing"),
-    "runtime": ("edgespec.runtime", "edgespec.backend", "edgespec.rpc", "edgespec.chat_template",
-                "edgespec.firstrun", "edgespec.errors"),
-}
-PACKAGE_ROOTS = {"edgespec": "runtime"}  # the package's own __init__ only, not what is under it
-# Outside benchmarks/, only these consumers import it, and only to run the bench (prompt suites are
-# library data: edgespec.suites).
-BENCH_RUNNER_USERS = {"edgespec.cli": {"benchmarks.bench"}, "edgespec.ui.bench_tab": {"benchmarks.bench", "benchmarks.report"}}
+PROGRAMS = "programs"  # benchmarks/: may import every layer; no layer imports them
 
 
 # ------------------------------------------------------------------------------------- import graph
@@ -99,20 +86,21 @@ def import_graph(typing: bool = False) -> dict[str, set[str]]:
 
 
 def layer_of(module: str) -> str | None:
-    """The README layer `module` belongs to, None when no layer names it."""
-    if module in PACKAGE_ROOTS:
-        return PACKAGE_ROOTS[module]
-    best, best_len = None, -1
-    for layer, names in LAYERS.items():
-        for n in names:
-            if (module == n or module.startswith(n + ".")) and len(n) > best_len:
-                best, best_len = layer, len(n)
-    return best
+    """The layer `module` belongs to: its folder under edgespec/ (benchmarks/ holds programs, above
+    every layer; the package's own __init__ sits below them all); None when no layer names it."""
+    parts = module.split(".")
+    if parts[0] == "benchmarks":
+        return PROGRAMS
+    if parts == ["edgespec"]:
+        return "root"
+    if parts[0] == "edgespec" and parts[1] in LAYERS:
+        return parts[1]
+    return None
 
 
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:
     """Every import from a lower layer to a higher one, as 'a (layer) -> b (layer)'."""
-    rank = {layer: i for i, layer in enumerate(reversed(LAYERS))}  # 0 = the bottom
+    rank = {layer: i for i, layer in enumerate(["root", *reversed(LAYERS), PROGRAMS])}  # 0 = the bottom
     out = []
     for mod in sorted(graph):
         for dep in sorted(graph[mod]):
@@ -189,11 +177,11 @@ def test_cycle_finder_finds_a_cycle_and_resolves_imports(tmp_path):
     assert find_cycles(graph) == [["a", "b", "c", "a"]]
     assert find_cycles({"a": {"b"}, "b": set()}) == []
     modules = project_modules()
-    # `from edgespec import runtime` is an import of the module edgespec.runtime; function-level
-    # imports count (session imports nothing lazily, but bench's Runner does).
-    assert "edgespec.runtime" in imports_of("edgespec.session", modules["edgespec.session"], modules)
-    assert "edgespec.session" in import_graph()["benchmarks.bench"]
-    assert "edgespec.costs" in import_graph()["benchmarks.bench"]  # imported inside Runner.__init__
+    # `from edgespec.runtime import llama` is an import of the module edgespec.runtime.llama;
+    # function-level imports count (session imports nothing lazily, but the bench's Runner does).
+    assert "edgespec.runtime.llama" in imports_of("edgespec.service.session", modules["edgespec.service.session"], modules)
+    assert "edgespec.service.session" in import_graph()["edgespec.service.bench.runner"]
+    assert "edgespec.core.costs" in import_graph()["edgespec.service.bench.runner"]  # imported inside Runner.__init__
 
 
 def test_no_import_cycles():
@@ -203,33 +191,35 @@ def test_no_import_cycles():
 
 def test_every_module_has_a_layer():
     unplaced = [m for m in project_modules() if layer_of(m) is None]
-    assert not unplaced, f"modules in no layer (add them to LAYERS and to README's table): {unplaced}"
+    assert not unplaced, f"modules outside the layer folders (edgespec.LAYERS): {unplaced}"
 
 
 def test_layer_check_sees_an_import_inside_a_function(tmp_path):
     """A lower-layer module that imports a higher one only inside a function (or a method, or
     under TYPE_CHECKING) is caught; the same import the other way round is fine."""
-    src = tmp_path / "low.py"
-    src.write_text("import os\n\n\nclass A:\n    def f(self):\n        from edgespec.session import Session\n"
-                   "        return Session\n\n\ndef g():\n    import edgespec.pool\n")
-    modules = {**project_modules(), "edgespec.low": src}
-    found = imports_of("edgespec.low", src, modules)
-    assert found == {"edgespec.session", "edgespec.pool"}
-    LAYERS["runtime"] += ("edgespec.low",)
-    try:
-        assert upward_imports({"edgespec.low": found, "edgespec.session": {"edgespec.low"}}) == [
-            "edgespec.low (runtime) -> edgespec.pool (session)", "edgespec.low (runtime) -> edgespec.session (session)"]
-    finally:
-        LAYERS["runtime"] = LAYERS["runtime"][:-1]
-    assert layer_of("edgespec.drafters.onnx") == "drafters" and layer_of("edgespec.ui.render") == "consumers"
-    assert layer_of("edgespec") == "runtime" and layer_of("edgespec.new_module") is None
+    src = tmp_path / "low.py"  # as if it were edgespec/runtime/low.py
+    src.write_text("import os\n\n\nclass A:\n    def f(self):\n        from edgespec.service.session import Session\n"
+                   "        return Session\n\n\ndef g():\n    import edgespec.service.pool\n")
+    modules = {**project_modules(), "edgespec.runtime.low": src}
+    found = imports_of("edgespec.runtime.low", src, modules)
+    assert found == {"edgespec.service.session", "edgespec.service.pool"}
+    assert upward_imports({"edgespec.runtime.low": found, "edgespec.service.session": {"edgespec.runtime.low"}}) == [
+        "edgespec.runtime.low (runtime) -> edgespec.service.pool (service)",
+        "edgespec.runtime.low (runtime) -> edgespec.service.session (service)"]
+    assert layer_of("edgespec.core.drafters.onnx") == "core" and layer_of("edgespec.apps.ui.render") == "apps"
+    assert layer_of("benchmarks.engine_speed") == PROGRAMS and layer_of("edgespec") == "root"
+    assert layer_of("edgespec.new_module") is None
 
 
-def test_outside_the_benchmarks_only_the_bench_runner_is_imported_from_them():
-    graph = import_graph(typing=True)
-    reach = [f"{m} -> {d}" for m in sorted(graph) if not m.startswith("benchmarks") for d in sorted(graph[m])
-             if d.partition(".")[0] == "benchmarks" and d not in BENCH_RUNNER_USERS.get(m, ())]
-    assert not reach, "imports of the benchmarks package beyond the bench runner:\n" + "\n".join(reach)
+def test_layers_are_folders_and_the_readme_names_them():
+    """Every layer of edgespec.LAYERS is a folder of the package, every folder directly under
+    edgespec/ is a layer, and README's layout section names each layer's folder."""
+    folders = {p.name for p in (ROOT / "edgespec").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders == set(LAYERS)
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    layout = readme[readme.index("## Layout"):readme.index("\n## ", readme.index("## Layout") + 3)]
+    assert "edgespec/__init__.py" in layout
+    assert all(f"{name}/" in layout for name in LAYERS), [n for n in LAYERS if f"{n}/" not in layout]
 
 
 def test_no_import_from_a_lower_layer_to_a_higher_one():
@@ -253,7 +243,7 @@ def test_library_code_never_reads_the_repository_layout():
 
 
 def test_engine_never_probes_with_getattr():
-    text = (ROOT / "edgespec" / "engine.py").read_text(encoding="utf-8")
+    text = (ROOT / "edgespec" / "core" / "engine.py").read_text(encoding="utf-8")
     hits = [f"engine.py:{i}: {line.strip()}" for i, line in enumerate(text.splitlines(), 1)
             if "getattr(" in line or "hasattr(" in line]
     assert not hits, "\n".join(hits)
@@ -288,14 +278,17 @@ def test_installed_copy_imports_and_finds_its_suites(tmp_path):
     scratch.mkdir()
     build = install_copy(target, scratch)
     assert build.returncode == 0, build.stderr[-3000:]
-    assert not (target / "tests").exists() and (target / "edgespec" / "suites" / "spec_bench.jsonl").is_file()
+    top = {p.name for p in target.iterdir() if not p.name.endswith((".dist-info", ".egg-info")) and p.name != "bin"}
+    assert top == {"edgespec"}, f"the install holds more than the one package: {sorted(top)}"
+    assert (target / "edgespec" / "service" / "suites" / "spec_bench.jsonl").is_file()
     check = """
 import sys
 from pathlib import Path
 site = Path(sys.argv[1]).resolve()
-import benchmarks.bench, edgespec.ui, edgespec.session, models, quant
-from edgespec.suites import load_suite, shipped_suites
-for mod in (benchmarks.bench, edgespec.ui, edgespec.session, models, quant):
+import edgespec.service.bench.runner, edgespec.apps.ui, edgespec.service.session, edgespec.models, edgespec.apps.quant
+from edgespec.service.suites import load_suite, shipped_suites
+for mod in (edgespec.service.bench.runner, edgespec.apps.ui, edgespec.service.session, edgespec.models,
+            edgespec.apps.quant):
     assert site in Path(mod.__file__).resolve().parents, (mod.__name__, mod.__file__)
 suites = shipped_suites()
 assert set(suites) >= {"code_edit", "spec_bench"}, suites
@@ -304,7 +297,8 @@ assert len(load_suite("spec_bench")) > 400 and load_suite("code_edit")
 folder = suites["spec_bench"].parent
 assert (folder / "SPEC_BENCH_LICENSE").read_text().startswith("Apache License")
 assert "Spec-Bench" in (folder / "README.md").read_text()
-assert (site / "models" / "catalog.json").is_file()
+assert (site / "edgespec" / "models" / "catalog.json").is_file()
+assert (site / "edgespec" / "apps" / "quant" / "prompts.txt").is_file()
 print("ok", len(suites))
 """
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

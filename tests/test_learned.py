@@ -11,17 +11,17 @@ import time
 import numpy as np
 import pytest
 
-from edgespec import learned_format as fmt
-from edgespec.drafters import build
-from edgespec.drafters.combined import CombinedDrafter
-from edgespec.drafters.ngram import NgramDrafter
-from edgespec.drafters.onnx import LearnedDrafter
-from edgespec.engine import DRAFT, Engine, FixedGamma, GenerationConfig
-from edgespec.errors import EdgeSpecError
-from edgespec.gguf_tensors import target_fingerprint
-from edgespec.loader import RuntimeOptions
-from edgespec.sampling import SamplingParams, process
-from edgespec.session import Reply
+from edgespec.core import learned_format as fmt
+from edgespec.core.drafters import build
+from edgespec.core.drafters.combined import CombinedDrafter
+from edgespec.core.drafters.ngram import NgramDrafter
+from edgespec.core.drafters.onnx import LearnedDrafter
+from edgespec.core.engine import DRAFT, Engine, FixedGamma, GenerationConfig
+from edgespec.core.sampling import SamplingParams, process
+from edgespec.models.gguf_tensors import target_fingerprint
+from edgespec.models.loader import RuntimeOptions
+from edgespec.runtime.errors import EdgeSpecError
+from edgespec.service.session import Reply
 from tests.conftest import run_app
 
 BUDGET_MIN = 0.75

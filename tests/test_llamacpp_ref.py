@@ -1,4 +1,4 @@
-"""llama.cpp's own speculation as a bench reference (benchmarks.llamacpp, `bench --reference`).
+"""llama.cpp's own speculation as a bench reference (edgespec.runtime.llamacpp, `bench --reference`).
 
 The program is real: `llama-speculative-simple` built by scripts/build_reference.sh. Where it has
 not been built, the tests that run it are skipped (saying how to build it); the missing-binary path
@@ -12,9 +12,9 @@ import pytest
 from conftest import run_app
 from test_bench import TINY, write_suite
 
-from benchmarks import llamacpp
-from edgespec.errors import EdgeSpecError
-from edgespec.session import Request, frame
+from edgespec.runtime import llamacpp
+from edgespec.runtime.errors import EdgeSpecError
+from edgespec.service.session import Request, frame
 
 BINARY = llamacpp.find_binary()
 needs_binary = pytest.mark.skipif(BINARY is None, reason=llamacpp.missing_message())

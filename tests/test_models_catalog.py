@@ -1,4 +1,4 @@
-"""The catalog data file, name resolution and `python -m models` on bad input (no network needed)."""
+"""The catalog data file, name resolution and `python -m edgespec.models` on bad input (no network needed)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from edgespec.errors import EdgeSpecError
-from models import BUNDLED, bundled_path, catalog, resolve
+from edgespec.models import BUNDLED, bundled_path, catalog, resolve
+from edgespec.runtime.errors import EdgeSpecError
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from huggingface_hub import constants
 
-from edgespec.errors import EdgeSpecError
-from models import hub, resolve
+from edgespec.models import hub, resolve
+from edgespec.runtime.errors import EdgeSpecError
 
 ROOT = Path(__file__).resolve().parent.parent
 REPO = "edgespec-test/SmolLM2-135M-GGUF"
@@ -296,7 +296,7 @@ def test_offline_with_empty_cache_says_what_to_do(fake_hub, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(EdgeSpecError) as err:
         resolve(SPEC)
-    assert "HF_HUB_OFFLINE" in str(err.value) and "python -m models pull" in str(err.value)
+    assert "HF_HUB_OFFLINE" in str(err.value) and "python -m edgespec.models pull" in str(err.value)
     assert fake_hub.log == []
 
 

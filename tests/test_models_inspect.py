@@ -1,5 +1,5 @@
 """GGUF inspection checked against llama.cpp itself, and pairing from metadata checked against the
-full check on loaded models (edgespec.pairing.check_compatible) on real pairs."""
+full check on loaded models (edgespec.models.pairing.check_compatible) on real pairs."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from edgespec.errors import EdgeSpecError
-from edgespec.pairing import check_compatible
-from edgespec.runtime import Model, lib
-from models import resolve
-from models.inspect import inspect_gguf, kv_cache_bytes, pairing_from_metadata, read_header, vocabulary
+from edgespec.models import resolve
+from edgespec.models.inspect import inspect_gguf, kv_cache_bytes, pairing_from_metadata, read_header, vocabulary
+from edgespec.models.pairing import check_compatible
+from edgespec.runtime.errors import EdgeSpecError
+from edgespec.runtime.llama import Model, lib
 
 TOKENS_KEY = b"tokenizer.ggml.tokens"
 
@@ -34,7 +34,7 @@ def smollm2_q8(smollm2_path, tmp_path_factory) -> Path:
 
 
 def _token_offsets(path: Path) -> tuple[list[str], list[int]]:
-    """Token texts and the file offset of each token's bytes (independent of models.inspect)."""
+    """Token texts and the file offset of each token's bytes (independent of edgespec.models.inspect)."""
     data = path.read_bytes()[:20_000_000]
     pos = data.index(TOKENS_KEY) + len(TOKENS_KEY)
     elem_type, count = struct.unpack_from("<IIQ", data, pos)[1:]
@@ -121,7 +121,7 @@ def test_pairing_from_metadata_agrees_with_the_full_check(smollm2, gemma, smollm
         full_ok, full_why = _full_check(target, draft)
         assert meta_ok == full_ok, (target.path, draft.path, meta_why, full_why)
         if not full_ok:
-            assert meta_why == full_why  # one rule (edgespec.pairing), one wording, e.g. "gpt2 (BPE) vs llama (SPM)"
+            assert meta_why == full_why  # one rule (edgespec.models.pairing), one wording, e.g. "gpt2 (BPE) vs llama (SPM)"
         verdicts.append(meta_ok)
     assert verdicts == [False, False, True, True, True, False, False]
     ok, why = pairing_from_metadata(smollm2.path, changed.path)

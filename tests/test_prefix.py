@@ -11,13 +11,13 @@ import json
 import numpy as np
 import pytest
 
-from edgespec.chat_template import render_chat_template
-from edgespec.drafters.ngram import NgramDrafter
-from edgespec.engine import Engine, FixedGamma, GenerationConfig
-from edgespec.errors import EdgeSpecError
-from edgespec.loader import RuntimeOptions
-from edgespec.runtime import Model
-from edgespec.session import Conversation, Reply, Request, Session, frame
+from edgespec.core.drafters.ngram import NgramDrafter
+from edgespec.core.engine import Engine, FixedGamma, GenerationConfig
+from edgespec.models.loader import RuntimeOptions
+from edgespec.runtime.chat_template import render_chat_template
+from edgespec.runtime.errors import EdgeSpecError
+from edgespec.runtime.llama import Model
+from edgespec.service.session import Conversation, Reply, Request, Session, frame
 from tests.conftest import run_app
 
 TEXT = ("The history of the bicycle begins in the early nineteenth century, when inventors in Germany and France "
@@ -122,7 +122,7 @@ def replace_reuse(req: Request) -> Request:
 def test_draft_model_reuses_its_cache(smollm2_path):
     """The GGUF draft-model drafter keeps its cache between generations too (here SmolLM2 drafts
     for itself, the cheapest same-vocabulary pair)."""
-    from edgespec.drafters.model import ModelDrafter
+    from edgespec.core.drafters.model import ModelDrafter
 
     target = Model(smollm2_path, n_ctx=1024, flash_attn="off")
     draft = Model(smollm2_path, n_ctx=1024, flash_attn="off")
@@ -145,7 +145,7 @@ def test_draft_model_reuses_its_cache(smollm2_path):
 
 
 def test_ui_pool_gives_an_owner_its_own_session_back():
-    from edgespec.pool import ModelPool
+    from edgespec.service.pool import ModelPool
 
     pool = ModelPool(RuntimeOptions(n_ctx=256), per_key=2)
     try:

@@ -12,10 +12,10 @@ import gguf
 import numpy as np
 import pytest
 
-from edgespec.errors import EdgeSpecError
-from edgespec.runtime import Model
-from quant import mx
-from quant.convert import convert, tensor_float
+from edgespec.apps.quant import mx
+from edgespec.apps.quant.convert import convert, tensor_float
+from edgespec.runtime.errors import EdgeSpecError
+from edgespec.runtime.llama import Model
 from tests.conftest import ROOT, run_app
 
 Q = gguf.GGMLQuantizationType

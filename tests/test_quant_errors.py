@@ -1,4 +1,4 @@
-"""`python -m quant` and `python -m models info` on paths they cannot write or read and on cut-short
+"""`python -m edgespec.apps.quant` and `python -m edgespec.models info` on paths they cannot write or read and on cut-short
 GGUF files: one `error: ...` line naming the path, exit status 1, no traceback, no file left behind."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import gguf
 import numpy as np
 import pytest
 
-from edgespec.errors import EdgeSpecError
-from quant.convert import convert
+from edgespec.apps.quant.convert import convert
+from edgespec.runtime.errors import EdgeSpecError
 from tests.conftest import ROOT
 
 PROMPTS = ROOT / "quant" / "prompts.txt"

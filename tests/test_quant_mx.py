@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgespec.errors import EdgeSpecError
-from quant import mx
+from edgespec.apps.quant import mx
+from edgespec.runtime.errors import EdgeSpecError
 
 MXFP4 = gguf.GGMLQuantizationType.MXFP4
 

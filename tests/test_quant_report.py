@@ -12,10 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgespec.runtime import Model
-from quant import mx
-from quant.convert import convert, open_gguf, tensor_float
-from quant.report import (
+from edgespec.apps.quant import mx
+from edgespec.apps.quant.convert import convert, open_gguf, tensor_float
+from edgespec.apps.quant.report import (
     DistributionStats,
     build_report,
     compare_distributions,
@@ -24,6 +23,7 @@ from quant.report import (
     tensor_rmse,
     write_outputs,
 )
+from edgespec.runtime.llama import Model
 from tests.conftest import ROOT
 
 

@@ -8,7 +8,7 @@ import json
 import pytest
 from conftest import run_app
 
-from models import resolve_local
+from edgespec.models import resolve_local
 
 PAIR = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
 INSTALLED = all(resolve_local(n) is not None for n in PAIR)

@@ -1,4 +1,4 @@
-"""The target on llama.cpp's RPC servers (edgespec.rpc): two real rpc-servers on loopback ports,
+"""The target on llama.cpp's RPC servers (edgespec.runtime.rpc): two real rpc-servers on loopback ports,
 real llama.cpp on both ends, the bundled SmolLM2. Every server and worker started here is stopped."""
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from edgespec import backend, costs, rpc
-from edgespec.drafters.ngram import NgramDrafter
-from edgespec.engine import Engine, FixedGamma, GenerationConfig
-from edgespec.errors import EdgeSpecError
-from edgespec.loader import RuntimeOptions
-from edgespec.runtime import Model
-from edgespec.session import Reply, Request, Session
+from edgespec.core import costs
+from edgespec.core.drafters.ngram import NgramDrafter
+from edgespec.core.engine import Engine, FixedGamma, GenerationConfig
+from edgespec.models.loader import RuntimeOptions
+from edgespec.runtime import backend, rpc
+from edgespec.runtime.errors import EdgeSpecError
+from edgespec.runtime.llama import Model
+from edgespec.service.session import Reply, Request, Session
 from tests.conftest import ROOT, run_app
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec.errors import EdgeSpecError
-from edgespec.runtime import Model, check_gguf_file
+from edgespec.runtime.errors import EdgeSpecError
+from edgespec.runtime.llama import Model, check_gguf_file
 
 
 def test_rollback_matches_fresh_context(smollm2, smollm2_path):

@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare, kstest
 
-from edgespec.errors import EdgeSpecError
-from edgespec.sampling import (
+from edgespec.core.sampling import (
     ACCEPT,
     DRAFT,
     RESIDUAL,
@@ -21,6 +20,7 @@ from edgespec.sampling import (
     verify_match,
     verify_stochastic,
 )
+from edgespec.runtime.errors import EdgeSpecError
 
 V = 8
 TRIALS = 30_000
@@ -190,7 +190,7 @@ def test_all_accepted_gives_bonus_from_last_row():
 
 
 def test_greedy_verification_does_not_softmax(monkeypatch):
-    import edgespec.sampling as s
+    import edgespec.core.sampling as s
 
     monkeypatch.setattr(s, "process", lambda *a, **k: pytest.fail("greedy must not softmax"))
     logits = np.random.default_rng(0).normal(size=(4, 262_144)).astype(np.float32)

@@ -6,11 +6,11 @@ from dataclasses import replace
 
 import pytest
 
-from edgespec.engine import StepEvent
-from edgespec.errors import EdgeSpecError
-from edgespec.loader import RuntimeOptions
-from edgespec.session import TRANSCRIPT_STOP, Request, Session, StopStrings, frame, parse_gamma
-from edgespec.stats import Stats
+from edgespec.core.engine import StepEvent
+from edgespec.core.stats import Stats
+from edgespec.models.loader import RuntimeOptions
+from edgespec.runtime.errors import EdgeSpecError
+from edgespec.service.session import TRANSCRIPT_STOP, Request, Session, StopStrings, frame, parse_gamma
 
 
 def event(pieces: list[str], done: bool = False) -> StepEvent:

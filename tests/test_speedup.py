@@ -1,4 +1,4 @@
-"""The one cost model's formulas (`edgespec.costs`): the paper's worked examples through
+"""The one cost model's formulas (`edgespec.core.costs`): the paper's worked examples through
 `CostModel.speedup`, the draft length `CostModel.best_gamma` chooses against hand-computed
 optima, and a simulation that agrees with Eq. 1."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec.costs import CostModel, expected_tokens
+from edgespec.core.costs import CostModel, expected_tokens
 
 
 def test_worked_examples_of_the_paper():

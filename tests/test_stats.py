@@ -7,9 +7,9 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from edgespec.drafters.ngram import NgramDrafter
-from edgespec.engine import Engine, FixedGamma, GenerationConfig
-from edgespec.stats import PLAIN_KEEP, Stats
+from edgespec.core.drafters.ngram import NgramDrafter
+from edgespec.core.engine import Engine, FixedGamma, GenerationConfig
+from edgespec.core.stats import PLAIN_KEEP, Stats
 
 
 @dataclass

@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgespec.adaptive import AutoGamma
-from edgespec.costs import CostModel
-from edgespec.drafters import Hint
-from edgespec.drafters.ngram import NgramDrafter
-from edgespec.drafters.suffix import (
+from edgespec.core.adaptive import AutoGamma
+from edgespec.core.costs import CostModel
+from edgespec.core.drafters import Hint
+from edgespec.core.drafters.ngram import NgramDrafter
+from edgespec.core.drafters.suffix import (
     ANSWERS,
     CONTEXT,
     LEAD,
@@ -28,9 +28,9 @@ from edgespec.drafters.suffix import (
     SuffixDrafter,
     model_id,
 )
-from edgespec.engine import Engine, FixedGamma
-from edgespec.sampling import SamplingParams
-from edgespec.session import Reply
+from edgespec.core.engine import Engine, FixedGamma
+from edgespec.core.sampling import SamplingParams
+from edgespec.service.session import Reply
 from tests.test_engine import PROMPTS, encode, same_path
 
 

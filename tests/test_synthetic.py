@@ -1,4 +1,4 @@
-"""models.synthetic: random-weight twins of the bundled models keep every metadata value and the tensor
+"""edgespec.models.synthetic: random-weight twins of the bundled models keep every metadata value and the tensor
 table, hold random contents that decode finite, and load and run in llama.cpp; the CLI's bad inputs
 are one line and exit status 1."""
 
@@ -13,16 +13,16 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFWriter, quants
 
-from edgespec import runtime
-from edgespec.errors import EdgeSpecError
-from models import bundled_path
-from models.synthetic import HALF_FIELDS, SUPPORTED, random_tensor, write_random_like
+from edgespec.models import bundled_path
+from edgespec.models.synthetic import HALF_FIELDS, SUPPORTED, random_tensor, write_random_like
+from edgespec.runtime import llama as runtime
+from edgespec.runtime.errors import EdgeSpecError
 
 ROOT = Path(__file__).resolve().parent.parent
 Q = GGMLQuantizationType
 
 # Byte offsets of the fp16 scale fields in one block, restated here from ggml-common.h for the types
-# the bundled models hold (not read from models.synthetic, so a wrong offset there fails here).
+# the bundled models hold (not read from edgespec.models.synthetic, so a wrong offset there fails here).
 SCALE_OFFSETS = {
     Q.Q4_1: (0, 2),  # d, m, qs[16]
     Q.Q5_0: (0,),  # d, qh[4], qs[16]
@@ -96,7 +96,7 @@ def test_llama_cpp_loads_the_twin_and_tokenizes_the_same(pair):
 
 @pytest.mark.parametrize("qtype", [t for t in SUPPORTED if GGML_QUANT_SIZES[t][0] > 1], ids=lambda t: t.name)
 def test_every_quantized_type_decodes_finite(qtype):
-    """Each block layout models.synthetic knows, checked by gguf-py's own dequantizer over 1,024 blocks."""
+    """Each block layout edgespec.models.synthetic knows, checked by gguf-py's own dequantizer over 1,024 blocks."""
     block, size = GGML_QUANT_SIZES[qtype]
     raw = random_tensor("blk.0.ffn_up.weight", qtype, 1024 * block, np.random.default_rng(1))
     assert raw.dtype == np.uint8 and raw.size == 1024 * size
@@ -119,7 +119,7 @@ def test_float_tensors_are_small_normals(qtype):
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "models.synthetic", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "edgespec.models.synthetic", *args], capture_output=True, text=True,
                           cwd=ROOT, timeout=300)
 
 

@@ -9,9 +9,9 @@ import time
 import pytest
 from gradio_client import Client
 
-from edgespec.loader import RuntimeOptions
-from edgespec.session import Request, Session
-from edgespec.ui import Defaults, build_app, start
+from edgespec.apps.ui import Defaults, build_app, start
+from edgespec.models.loader import RuntimeOptions
+from edgespec.service.session import Request, Session
 
 OPTS = RuntimeOptions(n_ctx=512)
 SYSTEM = "You are a helpful assistant."
@@ -230,7 +230,7 @@ def test_race_tab_gives_three_columns_and_a_chart(app):
 def test_models_panel_pair_drives_the_chat_draft_model(app):
     """Same-vocabulary pair (Q8_0 target derived from the bundled Q4_1 draft): the Models panel loads
     and checks it, and the chat drafts with that model."""
-    from models.derive import derive_pair
+    from edgespec.models.derive import derive_pair
 
     _, url = app
     target, draft = derive_pair()

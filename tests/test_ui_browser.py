@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from edgespec.loader import RuntimeOptions
-from edgespec.ui import Defaults, build_app, start
+from edgespec.apps.ui import Defaults, build_app, start
+from edgespec.models.loader import RuntimeOptions
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

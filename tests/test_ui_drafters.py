@@ -9,8 +9,8 @@ import gradio as gr
 import pytest
 from gradio_client import Client
 
-from edgespec.loader import RuntimeOptions
-from edgespec.ui import Defaults, build_app, start
+from edgespec.apps.ui import Defaults, build_app, start
+from edgespec.models.loader import RuntimeOptions
 
 PLUGIN = "tests.drafter_plugin"
 
@@ -30,7 +30,7 @@ def choice_values(component) -> list[str]:
 
 
 def test_builtin_drafters_are_offered_from_the_registry():
-    from edgespec.drafters import kinds
+    from edgespec.core.drafters import kinds
 
     blocks = build_app(RuntimeOptions(n_ctx=512), Defaults(draft="ngram"))
     (radio,) = [r for r in components(blocks, gr.Radio) if r.elem_id == "es-drafter"]

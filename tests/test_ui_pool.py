@@ -6,10 +6,10 @@ import threading
 
 import pytest
 
-from edgespec.errors import EdgeSpecError
-from edgespec.loader import RuntimeOptions
-from edgespec.pool import ModelPool
-from edgespec.session import Session
+from edgespec.models.loader import RuntimeOptions
+from edgespec.runtime.errors import EdgeSpecError
+from edgespec.service.pool import ModelPool
+from edgespec.service.session import Session
 
 OPTS = RuntimeOptions(n_ctx=256)
 
@@ -34,7 +34,7 @@ def test_a_busy_instance_is_never_leased_twice_and_the_third_lease_waits():
 
 
 def test_the_least_recently_used_idle_instance_is_freed_to_make_room():
-    from models.derive import derive_pair
+    from edgespec.models.derive import derive_pair
 
     q8, _ = derive_pair()
     pool = ModelPool(OPTS, per_key=2, max_slots=2)

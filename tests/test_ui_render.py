@@ -5,12 +5,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from edgespec.costs import CostModel
-from edgespec.errors import EdgeSpecError, one_line
-from edgespec.session import Reply
-from edgespec.stats import Stats
-from edgespec.ui import render
-from edgespec.ui.live import Tracker
+from edgespec.apps.ui import render
+from edgespec.apps.ui.live import Tracker
+from edgespec.core.costs import CostModel
+from edgespec.core.stats import Stats
+from edgespec.runtime.errors import EdgeSpecError, one_line
+from edgespec.service.session import Reply
 
 UI_DIR = Path(__file__).resolve().parent.parent / "edgespec" / "ui"
 

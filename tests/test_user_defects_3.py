@@ -20,10 +20,10 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from edgespec import learned_format as fmt
-from edgespec.errors import EdgeSpecError
-from edgespec.sampling import SamplingParams
-from models import bundled_path
+from edgespec.core import learned_format as fmt
+from edgespec.core.sampling import SamplingParams
+from edgespec.models import bundled_path
+from edgespec.runtime.errors import EdgeSpecError
 from tests.conftest import ROOT, run_app
 from tests.test_server import free_port, start_server
 
@@ -78,8 +78,7 @@ def test_distill_export_replaces_only_its_own_files_and_new_folders_are_not_0700
     (`distill.export` on a small trained model: the command's last step, without the minutes before it.)"""
     import numpy as np
 
-    from edgespec import distill
-
+    from edgespec.apps import distill
     rng = np.random.default_rng(0)
     n_embd, n_vocab = 32, 64
     seqs = [distill.Record(rng.integers(0, n_vocab, 24).astype(np.int32),
@@ -223,7 +222,7 @@ def test_hub_names_whose_file_part_leaves_the_repo_are_one_line(args):
 
 
 def test_a_hub_name_with_a_bad_file_is_an_error_in_the_ui_install_box(monkeypatch):
-    from models import install
+    from edgespec.models import install
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
@@ -348,9 +347,9 @@ def test_quant_report_refuses_more_threads_than_cores_at_once(tmp_path):
 # ----------------------------------------------------------------------------- 9: no drafts, no speedup
 def test_a_run_that_drafted_nothing_measures_1x():
     """A plain run read 0.04x-0.56x under load (its steps' mean against their median)."""
-    from edgespec.costs import CostModel
-    from edgespec.session import Reply
-    from edgespec.stats import Stats
+    from edgespec.core.costs import CostModel
+    from edgespec.core.stats import Stats
+    from edgespec.service.session import Reply
 
     stalled = [0.01] * 9 + [0.5]  # one decode stalled by the machine
     st = Stats(generated=10, target_calls=10, wall_s=sum(stalled), plain_pass_s=stalled)
@@ -359,9 +358,9 @@ def test_a_run_that_drafted_nothing_measures_1x():
 
 def test_the_bench_gives_a_configuration_that_drafted_nothing_1x():
     """`bench --repeats 1` printed `ngram 1.72x` for a run with 0 drafts and the baseline's target calls."""
-    from benchmarks import bench
-    from benchmarks.report import summary_lines
-    from edgespec.stats import Stats
+    from edgespec.core.stats import Stats
+    from edgespec.service.bench import runner as bench
+    from edgespec.service.bench.report import summary_lines
 
     cfgs = [bench.Config(bench.BASELINE, "baseline"), bench.Config("ngram", "ours", "ngram", "auto")]
     rates = {bench.BASELINE: 50.0, "ngram": 86.0}  # the same work, timed while the machine was busier
@@ -384,9 +383,9 @@ def test_the_bench_gives_a_configuration_that_drafted_nothing_1x():
 @pytest.mark.slow
 def test_an_unwritable_profile_folder_is_said_once_and_not_measured_again_in_the_process(smollm2_path, tmp_path,
                                                                                          monkeypatch, capsys):
-    from edgespec import costs
-    from edgespec.cli import profile_progress
-    from edgespec.runtime import Model
+    from edgespec.apps.cli import profile_progress
+    from edgespec.core import costs
+    from edgespec.runtime.llama import Model
 
     blocked = tmp_path / "a-file"
     blocked.write_text("")
@@ -427,9 +426,9 @@ def test_a_context_beyond_the_trained_one_gets_a_note():
 def test_the_decline_line_does_not_say_needs_when_the_best_would_pay():
     """'best 1.57x here (gamma 11), needs 1.10x; declined' contradicted itself: no draft was tried
     (1-token matches were estimated not to pay), though drafting would pay at the assumed alpha."""
-    from edgespec.adaptive import AutoGamma
-    from edgespec.costs import CostModel
-    from edgespec.drafters import Hint
+    from edgespec.core.adaptive import AutoGamma
+    from edgespec.core.costs import CostModel
+    from edgespec.core.drafters import Hint
 
     policy = AutoGamma()
     policy.start(CostModel({k: 0.01 * (1 + 0.5 * (k - 1)) for k in (1, 2, 3, 5, 9, 17)}))
@@ -492,8 +491,7 @@ def test_prompt_file_dash_reads_stdin():
 
 # ----------------------------------------------------------------------------- 16, 17: RPC
 def _rpc_built() -> bool:
-    from edgespec import backend, rpc
-
+    from edgespec.runtime import backend, rpc
     try:
         backend.rpc_module(rpc.llama_version())
         return True
@@ -543,8 +541,8 @@ def test_models_help_names_the_command_it_was_run_as():
 
 
 def test_the_ui_sends_no_analytics_and_the_chat_tab_names_its_target():
-    from edgespec.loader import RuntimeOptions
-    from edgespec.ui import Defaults, build_app
+    from edgespec.apps.ui import Defaults, build_app
+    from edgespec.models.loader import RuntimeOptions
 
     blocks = build_app(RuntimeOptions(n_ctx=512), Defaults(target=MODEL))
     try:

@@ -35,8 +35,7 @@ def folder_size(path: Path) -> int:
 
 def exact_modules() -> Path | None:
     """The set-up's llamafile-off CPU modules for this build, if it made them."""
-    from edgespec import backend
-
+    from edgespec.runtime import backend
     try:
         d = backend.exact_dir()
     except Exception:

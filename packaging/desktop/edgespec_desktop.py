@@ -3,9 +3,9 @@
 * no arguments, or only UI options: the web UI on 127.0.0.1 on a free port (unless --host/--port
   are given), and the browser opened on it once the server answers (EDGESPEC_NO_BROWSER=1: don't);
 * `--headless ...`, `bench ...`, `serve ...` and every other command line: exactly `edgespec`'s;
-* `models ...` / `quant ...`: `python -m models ...` / `python -m quant ...`;
+* `models ...` / `quant ...`: `python -m edgespec.models ...` / `python -m edgespec.apps.quant ...`;
 * `-m MODULE ...`: runs a bundled module like `python -m` (the set-up's build check starts its
-  children as `sys.executable -m edgespec.buildcheck`, and in the bundle sys.executable is this program).
+  children as `sys.executable -m edgespec.apps.buildcheck`, and in the bundle sys.executable is this program).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import urllib.request
 import webbrowser
 from pathlib import Path
 
-MODULE_COMMANDS = {"models": "models", "quant": "quant"}
+MODULE_COMMANDS = {"models": "edgespec.models", "quant": "edgespec.apps.quant"}
 
 
 def bundle_dir() -> Path | None:
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_module(argv[1], argv[2:])
     if argv and argv[0] in MODULE_COMMANDS:
         return run_module(MODULE_COMMANDS[argv[0]], argv[1:])
-    from edgespec.cli import main as cli_main
+    from edgespec.apps.cli import main as cli_main
 
     if is_ui(argv):
         argv = ui_argv(argv)

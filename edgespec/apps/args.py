@@ -1,0 +1,154 @@
+"""Command-line arguments shared by `python app.py` and `python app.py bench`."""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import ipaddress
+import socket
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+from edgespec.runtime.errors import EdgeSpecError
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a bad argument as one line, not usage plus error."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def not_empty(what: str) -> Callable[[str], str]:
+    """An argparse type for a flag whose empty value would otherwise quietly mean its default
+    (`--draft ""` ran plain decoding, `--rpc ""` ran locally): refused in one line saying `what`."""
+
+    def check(value: str) -> str:
+        if not value.strip():
+            raise argparse.ArgumentTypeError(f"empty value; {what}")
+        return value
+
+    return check
+
+
+def add_runtime_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--ctx", type=int, default=4096, help="context size in tokens (default 4096, at least 256)")
+    ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: all available cores)")
+    ap.add_argument("--flash-attn", choices=["auto", "on", "off"], default="auto")
+    ap.add_argument(
+        "--exact",
+        action="store_true",
+        help="exact mode: llamafile-off kernels, flash attention off, drafts capped at the batch sizes probed to "
+        "give the same logits as single-token decoding; greedy output then equals plain decoding (see README)",
+    )
+
+
+def add_generation_args(ap: argparse.ArgumentParser) -> None:
+    from edgespec.core.drafters import NGRAM_SIZES, kinds
+    from edgespec.service.session import FRAMINGS
+
+    names = " | ".join(["none", *kinds()])
+    ap.add_argument("--target", default=None, type=not_empty("give a .gguf path or a model name, or leave --target out "
+                                                              "for smollm2-135m"),
+                    help="target model: .gguf path or name (default smollm2-135m)")
+    ap.add_argument("--draft", default="ngram", type=not_empty("write --draft none for plain decoding, or one of "
+                                                               f"{names}"),
+                    help=f"{names}[:ARG] | a draft model path or name (default ngram)")
+    ap.add_argument("--gamma", default="auto", help="draft length per step: a number, or auto (default)")
+    lo, hi = NGRAM_SIZES
+    ap.add_argument("--ngram", default=f"{lo},{hi}", help=f"n-gram sizes for the ngram drafter as MIN,MAX (default {lo},{hi})")
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    ap.add_argument("--top-k", type=int, default=0)
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--min-p", type=float, default=0.0)
+    ap.add_argument("--seed", type=int, default=None, help="seed for sampling, 0 to 2^64-1 (default, or -1: random)")
+    ap.add_argument(
+        "--verifier",
+        choices=["rejection", "match"],
+        default="rejection",
+        help="at temperature > 0: modified rejection sampling (default) or exact match of the target's own sample",
+    )
+    ap.add_argument("--framing", choices=FRAMINGS, default="auto",
+                    help="how the prompt is fed: auto (chat template if the model has one, else raw), chat, "
+                    "transcript, qa or raw")
+    ap.add_argument("--chat", action="store_true", help="same as --framing chat")
+    ap.add_argument("--raw", action="store_true", help="same as --framing raw (plain completion)")
+    ap.add_argument("--system", default=None, help="system message (chat or transcript framing)")
+    ap.add_argument("--stop", action="append", default=None, help="stop before this string (repeatable)")
+    ap.add_argument("--no-prefix-reuse", action="store_true",
+                    help="prefill every prompt in full instead of reusing the KV cache of the longest prefix "
+                    "already decoded (earlier turns of a chat)")
+    ap.add_argument("--rpc", default=None, metavar="HOST:PORT[,HOST:PORT...]",
+                    type=not_empty("give HOST:PORT of an rpc-server, or leave --rpc out to run on this machine"),
+                    help="run the target's layers on these llama.cpp rpc-servers (python app.py rpc-server); the "
+                    "drafter stays on this machine. Fast mode only: --exact cannot run over RPC, so greedy "
+                    "speculative output can differ from plain decoding where the top two logits nearly tie "
+                    "(docs/rpc.md)")
+    add_runtime_args(ap)
+
+
+def check_address(host: str, port: int) -> None:
+    """A bad --host or --port, or a port already taken, as one line before any server starts."""
+    if not 1 <= port <= 65535:
+        raise EdgeSpecError(f"--port must be between 1 and 65535, got {port}")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        try:
+            socket.getaddrinfo(host, port)
+        except (socket.gaierror, UnicodeError):
+            raise EdgeSpecError(f"--host {host!r} is not an address or a name this machine can resolve") from None
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise EdgeSpecError(f"cannot listen on {host}:{port}: {exc.strerror} (pick another --port/--host)") from None
+
+
+def is_loopback(host: str) -> bool:
+    """True if every address `host` names is a loopback address."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except (socket.gaierror, UnicodeError):
+        return False
+    return bool(infos) and all(ipaddress.ip_address(i[4][0].split("%")[0]).is_loopback for i in infos)
+
+
+def api_keys(value: str | None) -> tuple[str, ...]:
+    """The keys of --api-key: one, or several separated by commas (as llama-server takes them), one
+    per user; () for none."""
+    return () if value is None else tuple(k.strip() for k in value.split(","))
+
+
+def check_exposure(host: str, api_key: str | None) -> None:
+    """Refuse to serve the API or the UI beyond this machine without an API key (one line, before
+    anything loads)."""
+    if api_key is not None and not api_key.strip():
+        raise EdgeSpecError("--api-key is empty")
+    if any(not k for k in api_keys(api_key)):
+        raise EdgeSpecError("--api-key has an empty key between its commas (KEY1,KEY2,...)")
+    if not is_loopback(host) and not api_key:
+        raise EdgeSpecError(f"refusing to listen on {host} without --api-key: anyone who can reach this machine "
+                            "could use the model; add --api-key KEY (API clients send 'Authorization: Bearer KEY', "
+                            "the web UI asks for it as the password) or keep the default --host 127.0.0.1")
+
+
+def key_auth(key: str) -> Callable[[str, str], bool]:
+    """Gradio's login check for the web UI: any user name, an API key (of `api_keys(key)`) as the password."""
+    keys = api_keys(key)
+
+    def auth(user: str, password: str) -> bool:
+        return any(hmac.compare_digest(password.encode(), k.encode()) for k in keys)
+
+    return auth

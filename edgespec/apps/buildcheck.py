@@ -1,0 +1,252 @@
+"""Prove that the installed llama.cpp runs on this processor: `python -m edgespec.apps.buildcheck`.
+
+The set-up runs this before it says "ready". Each candidate CPU kernel variant (best first, as
+`edgespec.runtime.backend` would choose it) is tried in a child process that loads the bundled SmolLM2 and
+decodes one token and then a batch of four. A child that dies (illegal instruction, segfault) is
+reported in one line and its variant is recorded as crashed for this CPU in the build manifest,
+so the app never picks it; the next variant is tried. The same is done for the exact-mode kernels.
+
+The small-batch kernel modules (native/smallbatch, built by the set-up for the variant fast mode
+runs) are checked against the unpatched module on the bundled Gemma-3-270M (Q6_K and repacked Q4_K
+tensors): batches of 1, 2 and 3 rows, where the unpatched module runs the per-row kernels that the
+small-batch ones reproduce, must give the same logits bit for bit; batches of 4 and 6, where it
+runs the 4-row Q4_K kernel (its float sums ordered differently), probabilities within 0.15 (a
+wrong kernel moves them far more; summation order moves them by hundredths, and can swap a
+near-tie's top token, so that is not asked).
+A module that crashes or fails either is recorded as rejected for this CPU, and the unpatched one
+runs instead.
+Exit status 0 when fast mode (and exact mode, when its kernels exist) has a working variant; a
+rejected small-batch module never fails the check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import importlib.metadata
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from edgespec.runtime import backend
+from edgespec.runtime.errors import EdgeSpecError, run_command
+
+CHILD_TIMEOUT_S = 300
+
+
+def _say(msg: str) -> None:
+    print(f"\033[1m[setup]\033[0m {msg}", flush=True)
+
+
+BATCHES = (1, 2, 3, 4, 6)  # rows of the successive decodes of the check
+# Past the per-row batch sizes, the most a token's probability may move between the small-batch and the
+# unpatched module (summation order of the 4-row kernel moves it by hundredths; a wrong kernel far more).
+PROB_TOLERANCE = 0.15
+
+
+def child(mode: str, model_path: str, logits_out: str | None = None) -> int:
+    """Load the model with the chosen kernels and decode batches of 1, 2, 3, 4 and 6 rows; with
+    `logits_out`, save every row's logits there (.npy) for the parent to compare."""
+    import numpy as np
+
+    from edgespec.runtime import llama as runtime
+    runtime.set_mode(mode)
+    model = runtime.Model(model_path, n_ctx=256, n_batch=64, flash_attn="off" if mode == "exact" else "auto",
+                          repack=mode != "exact")
+    toks = model.tokenize("The quick brown fox jumps over the lazy dog. It was not amused, and it said so at length.",
+                          add_special=True)
+    rows, at = [], 0
+    for k in BATCHES:
+        rows.append(np.array(model.decode(toks[at : at + k], n_logits=k)))
+        at += k
+    if not all(np.isfinite(r).all() for r in rows):
+        print(json.dumps({"ok": False, "why": "non-finite logits"}))
+        return 1
+    if logits_out:
+        np.save(logits_out, np.concatenate(rows))
+    info = runtime.backend_info()
+    print(json.dumps({"ok": True, **info.to_dict()}))
+    model.close()
+    return 0
+
+
+def _death(rc: int) -> str:
+    if rc < 0:
+        try:
+            return signal.Signals(-rc).name.replace("SIGILL", "Illegal instruction").replace("SIGSEGV", "segfault")
+        except ValueError:
+            return f"signal {-rc}"
+    return f"exit status {rc}"
+
+
+def _run_child(mode: str, model_path: str, env: dict[str, str], logits_out: str | None = None) -> tuple[int, str]:
+    """(exit status, last stderr line) of a child; on success the tail is its JSON report instead."""
+    cmd = [sys.executable, "-m", "edgespec.apps.buildcheck", "--child", mode, "--model", model_path]
+    if logits_out:
+        cmd += ["--logits-out", logits_out]
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, env={**os.environ, **env})
+    except subprocess.TimeoutExpired:
+        return 1, f"no answer within {CHILD_TIMEOUT_S} s"
+    if res.returncode == 0:
+        out = [ln for ln in (res.stdout or "").strip().splitlines() if ln.startswith("{")]
+        return 0, (out[-1] if out else "{}")
+    lines = [ln for ln in (res.stderr or "").strip().splitlines() if ln.strip()]
+    return res.returncode, (lines[-1] if lines else "")
+
+
+def softmax(logits):
+    """Row-wise probabilities of [rows, vocab] logits."""
+    import numpy as np
+
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def prove_kernels(directory: Path, manifest: dict, sig: str) -> bool:
+    """Does the small-batch build of fast mode's variant run here and give the unpatched module's
+    logits bit for bit? Records the variant as rejected for this CPU when not."""
+    import tempfile
+
+    import numpy as np
+
+    from edgespec.models import bundled_path
+
+    entry = manifest.setdefault("checked", {}).setdefault(sig, {}).setdefault("kernels", {})
+    entry["crashed"] = []
+    variant = manifest.get("checked", {}).get(sig, {}).get("fast", {}).get("variant")
+    if variant is None or variant not in backend.cpu_modules(directory):
+        _say(f"no small-batch kernels for this CPU's {variant or 'unknown'} variant in {directory}; "
+             "the unpatched kernels run")
+        return False
+    model = str(bundled_path("gemma3-270m"))
+    env = {"EDGESPEC_CPU_VARIANT": variant, "EDGESPEC_KERNEL_MODULES": str(directory)}
+    with tempfile.TemporaryDirectory() as tmp:
+        got, ref = Path(tmp) / "smallbatch.npy", Path(tmp) / "stock.npy"
+        rc, tail = _run_child("fast", model, env, str(got))
+        why = None
+        if rc != 0:
+            why = _death(rc) + (f": {tail}" if tail and rc > 0 else "")
+        elif json.loads(tail).get("kernels") != "smallbatch":
+            why = "the child did not load them"
+        else:
+            rc, tail = _run_child("fast", model, {**env, "EDGESPEC_KERNELS": "stock"}, str(ref))
+            if rc != 0:
+                why = f"the unpatched module failed beside them ({_death(rc)})"
+            else:
+                a, b = np.load(got), np.load(ref)
+                per_row = sum(BATCHES[:3])  # the rows of the 1-, 2- and 3-row batches
+                diff = float(np.max(np.abs(a[:per_row] - b[:per_row])))
+                if diff != 0.0:
+                    why = f"their logits differ from the per-row kernels' by up to {diff:.3g}"
+                elif (moved := float(np.max(np.abs(softmax(a[per_row:]) - softmax(b[per_row:]))))) > PROB_TOLERANCE:
+                    why = f"a token's probability differs from the unpatched module's by {moved:.2f}"
+    if why is not None:
+        entry["crashed"] = [variant]
+        _say(f"the small-batch {variant} kernels are not used on this CPU ({why}); the unpatched kernels run")
+        return False
+    entry["variant"] = variant
+    _say(f"small-batch {variant} kernels run here and match the unpatched kernels")
+    return True
+
+
+def prove(mode: str, directory: Path, model_path: str, manifest: dict, sig: str) -> bool:
+    """Try this mode's kernel variants, best first, until one runs; record what happened."""
+    env = {"EDGESPEC_EXACT_MODULES": str(directory)} if mode == "exact" else {}
+    entry = manifest.setdefault("checked", {}).setdefault(sig, {}).setdefault(mode, {})
+    entry["crashed"] = []
+    entry["cpu"] = backend.this_cpu().model
+    ranked = backend.ranked_variants(directory, sig, mode, {})
+    if not backend.cpu_modules(directory):
+        ranked = [("built-in", directory, 1)]
+    label = "exact-mode " if mode == "exact" else ""
+    for name, _, _ in ranked:
+        variant_env = {} if name == "built-in" else {**env, "EDGESPEC_CPU_VARIANT": name}
+        # fast mode proves the unpatched modules (prove_kernels checks the small-batch ones)
+        rc, tail = _run_child(mode, model_path, {**variant_env, "EDGESPEC_KERNELS": "stock"})
+        if rc == 0:
+            entry["variant"] = name
+            _say(f"{label}llama.cpp runs here with the {name} CPU kernels")
+            return True
+        why = _death(rc) + (f": {tail}" if tail and rc > 0 else "")
+        _say(f"the {label}{name} CPU kernels do not run on this CPU ({why}); trying the next")
+        entry["crashed"].append(name)
+    entry.pop("variant", None)
+    _say(f"no {label}CPU kernel variant runs on this CPU")
+    return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m edgespec.apps.buildcheck", description=__doc__.splitlines()[0])
+    ap.add_argument("--cmake-args", default=None, help="the flags the library was built with (recorded)")
+    ap.add_argument("--exact-modules", default=None, help="folder of the llamafile-off CPU modules")
+    ap.add_argument("--kernel-modules", default=None,
+                    help="folder of the small-batch CPU modules ('' when they could not be built)")
+    ap.add_argument("--variant", action="store_true",
+                    help="print the CPU variant fast mode was proved with on this CPU, and exit")
+    ap.add_argument("--model", default=None, help="GGUF to test with (default: the bundled SmolLM2)")
+    ap.add_argument("--logits-out", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--dry-run", action="store_true", help="check, but record nothing beside the library")
+    ap.add_argument("--child", choices=["fast", "exact"], default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.model is None:
+        from edgespec.models import bundled_path
+
+        args.model = str(bundled_path("smollm2-135m"))
+    if args.child:
+        return run_command(lambda: child(args.child, args.model, args.logits_out))
+
+    try:
+        lib = backend.lib_dir()
+    except EdgeSpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    # Scoring a module needs libggml-base in the process (the modules link to it by name); it holds
+    # no CPU-specific kernels, so loading it here is safe on any processor.
+    base = backend.shared_lib(lib, "ggml-base")
+    if base is not None:
+        ctypes.CDLL(str(base), mode=getattr(os, "RTLD_GLOBAL", 0))
+    manifest = backend.read_manifest(lib)
+    if args.variant:
+        variant = manifest.get("checked", {}).get(backend.this_cpu().signature, {}).get("fast", {}).get("variant")
+        print(variant or "")
+        return 0 if variant else 1
+    version = importlib.metadata.version("llama_cpp_python")
+    if args.cmake_args is not None and (manifest.get("cmake_args"), manifest.get("llama_cpp_python")) != (
+        args.cmake_args, version
+    ):
+        manifest = {}  # another build: what was checked before says nothing about this one
+    cpu = backend.this_cpu()
+    manifest["llama_cpp_python"] = version
+    if args.cmake_args is not None:
+        manifest["cmake_args"] = args.cmake_args
+        manifest["built_on"] = {"cpu": cpu.model, "flags": sorted(cpu.flags & backend.ISA_FLAGS)}
+    if args.exact_modules is not None:
+        manifest["exact_modules"] = str(Path(args.exact_modules).resolve())
+    if args.kernel_modules is not None:
+        if args.kernel_modules:
+            manifest["kernel_modules"] = str(Path(args.kernel_modules).resolve())
+        else:
+            manifest.pop("kernel_modules", None)
+    modes = [("fast", lib)]
+    if manifest.get("exact_modules"):
+        modes.append(("exact", Path(manifest["exact_modules"])))
+    ok = True
+    for mode, directory in modes:
+        ok = prove(mode, directory, args.model, manifest, cpu.signature) and ok
+    if ok and args.kernel_modules:  # the set-up names them once they are built for this variant
+        prove_kernels(Path(manifest["kernel_modules"]), manifest, cpu.signature)
+    if args.dry_run:
+        return 0 if ok else 1
+    try:
+        backend.write_manifest(lib, manifest)
+    except OSError as exc:
+        _say(f"could not record the check beside the library ({exc}); it will be repeated next time")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""`python app.py serve`: the command line, loading the model before the server starts, and
+serving until a signal, after which every open stream ends with its final chunk and [DONE]."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from edgespec.apps.args import Parser, add_generation_args, check_address, check_exposure
+from edgespec.apps.server.http import Server, create_app
+from edgespec.apps.server.worker import ModelSlot
+from edgespec.runtime.errors import EdgeSpecError
+from edgespec.service.pool import ModelPool
+
+if TYPE_CHECKING:
+    import uvicorn
+
+DEFAULT_PORT = 8000
+DEFAULT_QUEUE = 8
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = Parser(prog="python app.py serve",
+                description="EdgeSpec's OpenAI-compatible server (/v1/chat/completions, /v1/completions, /v1/models, "
+                "/health). Generation options below are the defaults of requests that do not set them.")
+    ap.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; any other "
+                    "address needs --api-key)")
+    ap.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    ap.add_argument("--api-key", default=os.environ.get("EDGESPEC_API_KEY") or None,
+                    help="require 'Authorization: Bearer KEY' on /v1 requests (default: $EDGESPEC_API_KEY)")
+    ap.add_argument("--queue", type=int, default=DEFAULT_QUEUE,
+                    help=f"requests that may wait while one generates; more get 429 (default {DEFAULT_QUEUE})")
+    ap.add_argument("--ui", action="store_true", help="also serve the web UI under /ui (same model, same process)")
+    ap.add_argument("--model-id", default=None, help="the model's id in the API (default: the --target name)")
+    ap.add_argument("--answers", choices=["key", "shared"], default="key",
+                    help="earlier answers the suffix drafter learns from: kept per API key the client sends (default), "
+                    "or shared by every client (a single-user desktop)")
+    ap.add_argument("--answers-tokens", type=int, default=None, metavar="N",
+                    help="earlier answers kept in memory, in tokens, for all keys together; the oldest go first "
+                    "(default 131072, about 16 MB; 0 keeps none)")
+    ap.add_argument("--answers-persist", action="store_true",
+                    help="keep earlier answers between runs under $EDGESPEC_CACHE/answers (one file per model and key, "
+                    "at most twice --answers-tokens each)")
+    add_generation_args(ap)
+    return ap
+
+
+def load(args: argparse.Namespace) -> tuple[Server, ModelPool]:
+    """Load the target (and drafter, and its cost profile) and build the Server and its pool."""
+    from edgespec.core import drafters
+    from edgespec.models import DEFAULT_TARGET, resolve
+    from edgespec.service.session import Request, runtime_options
+
+    if args.queue < 0:
+        raise EdgeSpecError(f"--queue must be >= 0, got {args.queue}")
+    from edgespec.core.drafters import suffix
+
+    cap = suffix.DEFAULT_CAP if args.answers_tokens is None else args.answers_tokens
+    if cap < 0:
+        raise EdgeSpecError(f"--answers-tokens must be >= 0, got {cap}")
+    suffix.STORE.configure(cap, suffix.AnswerStore.default_folder() if args.answers_persist else None)
+    target = args.target or DEFAULT_TARGET
+    defaults = Request.from_args(args, "(server defaults)")
+    drafters.split_spec(args.draft)
+    path = resolve(target)  # downloads a catalog/hf: model once, before the server starts
+    pool = ModelPool(runtime_options(args), per_key=1, max_slots=2)
+    key = pool.key(str(path))
+    with pool.lease(key) as session:
+        # draft model, cost profile and llama.cpp's buffers now, not in the first request; raw text,
+        # so that a model whose chat template fails still serves /v1/completions
+        warm = replace(defaults, text="Hello", framing="raw", system=None, max_tokens=1, stop=())
+        session.run(warm)
+    slot = ModelSlot(args.model_id or target, key, pool, args.queue,
+                     aliases=(target, Path(path).name, Path(path).stem, str(path)))
+    return Server(slot, defaults, args.api_key, args.draft, shared_answers=args.answers == "shared"), pool
+
+
+def main(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(list(argv))
+    if args.model_id is not None and not args.model_id.strip():
+        raise EdgeSpecError("--model-id is empty; give the name clients send as 'model', or leave it out to use "
+                            "the --target name")
+    check_exposure(args.host, args.api_key)
+    check_address(args.host, args.port)
+    server, pool = load(args)
+    ui = None
+    if args.ui:
+        from edgespec.apps.ui import build_app
+        from edgespec.apps.ui.app import defaults_from_args
+
+        ui = build_app(pool.opts, defaults_from_args(args, server.slot.key), pool)
+    app = create_app(server, ui)
+    import uvicorn
+
+    where = f"http://{args.host}:{args.port}"
+    print(f"EdgeSpec server on {where}/v1 (model {server.slot.id!r}, draft {args.draft}, queue {server.slot.queue_size}"
+          f"{', API key required' if args.api_key else ''}){f'; UI at {where}/ui' if ui is not None else ''}",
+          file=sys.stderr, flush=True)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=2)
+    try:
+        interrupted = run_until_signalled(config, server.slot)
+    finally:
+        server.slot.close()
+        pool.close()
+    if interrupted:
+        raise KeyboardInterrupt  # run_command: "interrupted", exit status 130
+    return 0
+
+
+def run_until_signalled(config: uvicorn.Config, slot: ModelSlot) -> bool:
+    """Serve until SIGINT or SIGTERM, then end cleanly: every running and waiting generation is
+    stopped (it ends at its next step), so open streams send their final chunk and [DONE] within
+    uvicorn's graceful shutdown instead of being cancelled mid-response. True if SIGINT ended it."""
+    import uvicorn
+
+    class Uvicorn(uvicorn.Server):
+        interrupted = False
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            # a signal handler: only flags here; the jobs are stopped from the event loop, in shutdown()
+            self.interrupted = self.interrupted or sig == signal.SIGINT
+            super().handle_exit(sig, frame)
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            slot.stop_all()
+            await super().shutdown(sockets)
+
+    userver = Uvicorn(config)
+    userver.run()
+    return userver.interrupted

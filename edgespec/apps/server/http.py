@@ -1,0 +1,273 @@
+"""The FastAPI app: routes, the API key, errors in the OpenAI shape, and the two ways a generation
+is answered (one JSON object, or server-sent events as the worker releases tokens). A handler puts
+a `Job` on the model's queue and waits on it; a client that leaves stops the job.
+
+Handlers are module-level functions that find the `Server` on `request.app.state`; their
+annotations are module-level names, since FastAPI resolves the string annotations that
+`from __future__ import annotations` makes in the module's globals."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI
+from fastapi import Request as HTTPRequest
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from edgespec.apps.args import api_keys, key_auth
+from edgespec.apps.server.protocol import ApiError, ChatBody, CompletionBody, Envelope, Kind, parse, sse, to_request
+from edgespec.apps.server.worker import Busy, Closing, Job, Message, ModelSlot
+from edgespec.runtime.errors import one_line
+from edgespec.service.session import Request
+
+if TYPE_CHECKING:
+    import gradio as gr
+
+POLL_S = 0.25  # how often a waiting handler checks that its client is still there
+
+
+class Server:
+    """The served model(s) and the request defaults from the command line. `api_key` is one key or
+    several separated by commas; with `shared_answers` every client's requests draft from one cache
+    of earlier answers (a single-user desktop), else each API key has its own (`owner`)."""
+
+    def __init__(self, slot: ModelSlot, defaults: Request, api_key: str | None, draft_spec: str,
+                 shared_answers: bool = False) -> None:
+        self.slot = slot
+        self.defaults = defaults  # a session.Request built from the command line
+        self.api_key = api_key
+        self.keys = api_keys(api_key)
+        self.draft_spec = draft_spec
+        self.shared_answers = shared_answers
+
+    def slot_for(self, model: str | None) -> ModelSlot:
+        if model is None or model == "" or model in self.slot.aliases:
+            return self.slot
+        raise ApiError(404, f"the model {model!r} does not exist here; this server serves {self.slot.id!r} "
+                       "(GET /v1/models)", "model_not_found", "model")
+
+    def request(self, body: ChatBody | CompletionBody) -> tuple[Request, bool]:
+        """A session.Request from a validated body and the server's defaults; (request, max_tokens given)."""
+        return to_request(body, self.defaults, self.draft_spec)
+
+    def check_key(self, request: HTTPRequest) -> None:
+        if not self.keys:
+            return
+        token = _bearer(request)
+        if not token:
+            raise ApiError(401, "missing API key: send the header 'Authorization: Bearer KEY'", "invalid_api_key",
+                           kind="authentication_error")
+        if not any(hmac.compare_digest(token.encode(), k.encode()) for k in self.keys):
+            raise ApiError(401, "incorrect API key", "invalid_api_key", kind="authentication_error")
+
+    def owner(self, request: HTTPRequest) -> str:
+        """Whose earlier answers the request's drafter uses (Request.owner): a digest of the bearer
+        token the client sent (checked or not; the key itself is never kept), '' without one or
+        when the answers are shared."""
+        token = "" if self.shared_answers else _bearer(request)
+        return "key:" + hashlib.sha256(token.encode()).hexdigest()[:16] if token else ""
+
+    def model_card(self) -> dict:
+        slot = self.slot
+        return {"id": slot.id, "object": "model", "created": slot.created, "owned_by": "edgespec",
+                "meta": {"n_ctx": slot.n_ctx or None, "draft": self.draft_spec}}
+
+
+def create_app(server: Server, ui: gr.Blocks | None = None) -> FastAPI:
+    """The FastAPI app for `server`; `ui` (a gradio Blocks) is mounted under /ui."""
+    app = FastAPI(title="EdgeSpec", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = server
+    app.state.has_ui = ui is not None
+    app.add_exception_handler(ApiError, on_api_error)
+    app.add_exception_handler(HTTPException, on_http_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(Exception, on_internal_error)
+    app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route("/", root, methods=["GET"])
+    app.add_api_route("/v1/models", list_models, methods=["GET"])
+    app.add_api_route("/v1/models/{model_id:path}", get_model, methods=["GET"])
+    app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"])
+    app.add_api_route("/v1/completions", completions, methods=["POST"])
+    if ui is not None:
+        import gradio as gr
+
+        from edgespec.apps.ui.render import CSS
+
+        auth = None if server.api_key is None else key_auth(server.api_key)
+        app = gr.mount_gradio_app(app, ui, path="/ui", css=CSS, theme=gr.themes.Soft(), auth=auth,
+                                  auth_message="The password is the server's API key." if auth else None)
+    return app
+
+
+def _server(request: HTTPRequest) -> Server:
+    return request.app.state.server
+
+
+def _bearer(request: HTTPRequest) -> str:
+    """The token of an 'Authorization: Bearer TOKEN' header, '' without one."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
+# ----------------------------------------------------------------------------- errors
+def error_response(err: ApiError) -> JSONResponse:
+    headers = {"Retry-After": "1"} if err.status in (429, 503) else None
+    if err.status == 401:
+        headers = {"WWW-Authenticate": "Bearer"}
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+
+async def on_api_error(request: HTTPRequest, exc: ApiError) -> JSONResponse:
+    return error_response(exc)
+
+
+async def on_http_error(request: HTTPRequest, exc: HTTPException) -> JSONResponse:
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    msg = f"{request.method} {request.url.path}: {exc.detail}"
+    return error_response(ApiError(exc.status_code, msg, code))
+
+
+async def on_validation_error(request: HTTPRequest, exc: RequestValidationError) -> JSONResponse:
+    return error_response(ApiError(400, one_line(exc)))
+
+
+async def on_internal_error(request: HTTPRequest, exc: Exception) -> JSONResponse:
+    msg = one_line(exc, typed=True)
+    print(f"edgespec server: internal error: {msg}", file=sys.stderr)
+    return error_response(ApiError(500, f"internal error: {msg}", "internal_error", kind="server_error"))
+
+
+def shutting_down() -> ApiError:
+    return ApiError(503, "the server is shutting down", "server_shutting_down", kind="server_error")
+
+
+# ----------------------------------------------------------------------------- routes
+async def health(request: HTTPRequest) -> dict:
+    slot = _server(request).slot
+    return {"status": "ok", "model": slot.id, "busy": slot.running, "queued": slot.waiting,
+            "queue_limit": slot.queue_size, "generations": slot.generations, "stopped": slot.stopped}
+
+
+async def root(request: HTTPRequest) -> Any:
+    if request.app.state.has_ui:
+        return RedirectResponse("/ui/")
+    return {"name": "EdgeSpec", "api": "/v1", "models": [_server(request).slot.id], "health": "/health"}
+
+
+async def list_models(request: HTTPRequest) -> dict:
+    server = _server(request)
+    server.check_key(request)
+    return {"object": "list", "data": [server.model_card()]}
+
+
+async def get_model(model_id: str, request: HTTPRequest) -> dict:
+    server = _server(request)
+    server.check_key(request)
+    server.slot_for(model_id)
+    return server.model_card()
+
+
+async def chat_completions(request: HTTPRequest) -> Any:
+    return await generate(request, "chat")
+
+
+async def completions(request: HTTPRequest) -> Any:
+    return await generate(request, "completion")
+
+
+# ----------------------------------------------------------------------------- one generation
+async def generate(request: HTTPRequest, kind: Kind) -> Any:
+    """Validate, queue, wait for the worker to start (so a refusal is an HTTP error, not a broken
+    stream), then stream the tokens or wait for the whole reply."""
+    server = _server(request)
+    server.check_key(request)
+    body = parse(await request.body(), kind)
+    slot = server.slot_for(body.model)
+    req, given = server.request(body)
+    job = Job(replace(req, owner=server.owner(request)), given, asyncio.get_running_loop())
+    submit(slot, job)
+    try:
+        await started(job, slot, request)
+    except BaseException:
+        job.stop.set()
+        raise
+    env = Envelope.new(kind, server.slot.id)
+    if body.stream:
+        usage = bool((body.stream_options or {}).get("include_usage"))
+        return StreamingResponse(stream(job, env, usage), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return env.completion(await finished(job, request))
+
+
+def submit(slot: ModelSlot, job: Job) -> None:
+    try:
+        slot.submit(job)
+    except Busy:
+        raise ApiError(429, f"the server is busy: one generation is running and {slot.queue_size} are waiting "
+                       "(the queue is full); retry shortly", "queue_full", kind="rate_limit_error") from None
+    except Closing:
+        raise shutting_down() from None
+
+
+async def next_message(job: Job, request: HTTPRequest) -> Message:
+    """The worker's next message, giving up (and stopping the job) if the client leaves."""
+    while True:
+        try:
+            return await asyncio.wait_for(job.out.get(), POLL_S)
+        except TimeoutError:
+            if await request.is_disconnected():
+                job.stop.set()
+                raise ApiError(499, "client closed the request") from None
+
+
+async def started(job: Job, slot: ModelSlot, request: HTTPRequest) -> None:
+    """Wait until the worker starts `job`: its error if it refuses it, 503/499 if it never runs."""
+    what, payload = await next_message(job, request)
+    if what == "error":
+        raise payload
+    if what == "done":  # stopped before it started
+        raise shutting_down() if slot.closing else ApiError(499, "client closed the request")
+
+
+async def finished(job: Job, request: HTTPRequest) -> dict:
+    """The summary of a started job, once it is done."""
+    while True:
+        what, payload = await next_message(job, request)
+        if what == "error":
+            raise payload
+        if what == "done":
+            break
+    if payload is None:
+        raise ApiError(499, "client closed the request")
+    return payload
+
+
+async def stream(job: Job, env: Envelope, include_usage: bool) -> AsyncIterator[str]:
+    """A started job as server-sent events: a chunk per step's tokens, the final chunk, [DONE]."""
+    try:
+        if env.kind == "chat":
+            yield sse(env.chunk("", None, role=True))
+        while True:
+            what, payload = await job.out.get()
+            if what == "delta":
+                yield sse(env.delta_chunk(payload))
+            elif what == "error":
+                yield sse(payload.body())
+                break
+            elif what == "done":
+                if payload is not None:
+                    yield sse(env.final_chunk(payload))
+                    if include_usage:
+                        yield sse(env.usage_chunk(payload))
+                break
+        yield sse("[DONE]")
+    finally:
+        job.stop.set()  # a client that went away mid-stream frees the model at the next step

@@ -1,0 +1,381 @@
+"""The OpenAI wire format: request bodies (validated by pydantic), their translation into a
+`session.Request` under the server's command-line defaults, and the response objects built from a
+finished or running generation. No HTTP and no threads here: `worker` runs the requests, `http`
+answers them."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from edgespec.core import drafters
+from edgespec.core.sampling import SamplingParams
+from edgespec.runtime.errors import EdgeSpecError, one_line
+from edgespec.service.session import Reply, Request
+
+Kind = Literal["chat", "completion"]
+MAX_BODY = 8 << 20  # bytes
+MAX_STOPS = 16
+FINISH = {"eog": "stop", "stop": "stop", "length": "length", "context": "length", "stopped": "stop"}
+
+
+# ----------------------------------------------------------------------------- errors
+class ApiError(Exception):
+    """An error answered in the OpenAI shape: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+        self.kind = kind
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+# ----------------------------------------------------------------------------- request bodies
+class Body(BaseModel):
+    # Unknown fields are ignored, as OpenAI-compatible servers do (clients send many).
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=5.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)  # extension (llama-server, vLLM)
+    min_p: float | None = Field(None, ge=0.0, lt=1.0)  # extension
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = Field(1, ge=1)
+    logprobs: bool | int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
+    # EdgeSpec / llama-server extensions
+    draft: str | None = None  # 'none' or the server's --draft
+    gamma: str | int | None = None  # a number or 'auto'
+    cache_prompt: bool = True  # llama-server's name: reuse the cached prefix
+    ignore_eos: bool = False  # llama-server's name: generate past end-of-generation tokens
+
+
+class Part(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: str
+    text: str | None = None
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: str
+    content: str | list[Part] | None = None
+
+
+class ChatBody(Body):
+    messages: list[Message] = Field(min_length=1)
+    tools: list[Any] | None = None
+
+
+class CompletionBody(Body):
+    prompt: str | list[str]
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+
+def parse(raw: bytes, kind: Kind) -> ChatBody | CompletionBody:
+    """A request body validated as `kind`'s, or an ApiError (413, or 400 naming the first bad field)."""
+    if len(raw) > MAX_BODY:
+        raise ApiError(413, f"the request body is larger than {MAX_BODY >> 20} MB")
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        msg = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+        raise ApiError(400, f"the request body is not valid JSON: {msg}", "invalid_json") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "the request body must be a JSON object", "invalid_json")
+    where = _unpaired_surrogate(data)
+    if where is not None:
+        raise ApiError(400, f"{where or 'the body'}: a string holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape "
+                       "without its pair), which is no character", "invalid_value", param=where or None)
+    cls = ChatBody if kind == "chat" else CompletionBody
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"])
+        more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+        raise ApiError(400, f"{loc}: {err['msg']}{more}", "invalid_type" if "type" in err["type"] else "invalid_value",
+                       param=loc) from None
+
+
+def _unpaired_surrogate(value: Any, where: str = "") -> str | None:
+    """The path (messages.0.content) of the first string that is not Unicode text, "" for the value
+    itself, None when every string is: JSON's \\uD800 escapes decode to lone surrogates, which UTF-8
+    (the tokenizer's input) cannot hold."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        if isinstance(key, str) and _unpaired_surrogate(key) is not None:
+            return where or ""
+        found = _unpaired_surrogate(item, f"{where}.{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+# ----------------------------------------------------------------------------- body -> session.Request
+def to_request(body: ChatBody | CompletionBody, defaults: Request, draft_spec: str) -> tuple[Request, bool]:
+    """The session.Request of a validated body, the server's command-line `defaults` filling what it
+    does not set; returns (request, whether the body gave max_tokens)."""
+    _unsupported(body)
+    draft = _draft(body, defaults, draft_spec)
+    stops = _stops(body, defaults)
+    max_tokens = body.max_completion_tokens or body.max_tokens
+    d = defaults
+    try:
+        common = dict(draft=draft, gamma=d.gamma if body.gamma is None else str(body.gamma),
+                      max_tokens=max_tokens or d.max_tokens, sampling=_sampling(body, d.sampling), stop=stops,
+                      reuse_prefix=d.reuse_prefix and body.cache_prompt, stop_at_eog=not body.ignore_eos,
+                      ngram=d.ngram, verifier=d.verifier)
+        if isinstance(body, CompletionBody):
+            return Request(text=_prompt(body), framing="raw", **common), max_tokens is not None
+        system, messages = _conversation(body)
+        framing = d.framing if d.framing in ("auto", "chat", "transcript") else "auto"
+        return (Request(messages=messages, system=d.system if system is None else system, framing=framing,
+                        **common), max_tokens is not None)
+    except EdgeSpecError as exc:
+        raise ApiError(400, one_line(exc)) from None
+
+
+def _unsupported(body: Body) -> None:
+    if body.n != 1:
+        raise ApiError(400, "n > 1 is not supported (one choice per request)", param="n")
+    if body.logprobs:
+        raise ApiError(400, "logprobs are not supported", param="logprobs")
+    if body.presence_penalty or body.frequency_penalty:
+        raise ApiError(400, "presence and frequency penalties are not supported (they would change the target's "
+                       "distribution that speculative sampling reproduces)", param="presence_penalty")
+    if body.logit_bias:
+        raise ApiError(400, "logit_bias is not supported", param="logit_bias")
+    kind = (body.response_format or {}).get("type", "text")
+    if kind != "text":
+        # answering anyway would hand an agent text it takes for guaranteed JSON
+        raise ApiError(400, f"response_format {kind!r} is not supported: this server does not constrain the output "
+                       "to JSON or a schema (no grammar sampling), so the reply could be any text; leave "
+                       "response_format out (or use type 'text'), ask for JSON in the prompt and check it",
+                       param="response_format")
+
+
+def _draft(body: Body, defaults: Request, draft_spec: str) -> str:
+    """The body's drafter: 'none', the server's own, or a registered drafter that loads no model
+    (ngram, suffix: built per request at no cost, so a client can compare them on one server)."""
+    if body.draft is None:
+        return defaults.draft
+    if body.draft in ("none", draft_spec):
+        return body.draft
+    cheap = [k.name for k in drafters.kinds().values() if not k.takes_model]
+    if body.draft not in cheap:
+        raise ApiError(400, f"draft must be 'none', this server's drafter {draft_spec!r} or one of "
+                       f"{', '.join(cheap)}, got {body.draft!r}", param="draft")
+    return body.draft
+
+
+def _stops(body: Body, defaults: Request) -> tuple[str, ...]:
+    if body.stop is None:
+        return defaults.stop
+    stops = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop)
+    if len(stops) > MAX_STOPS:
+        raise ApiError(400, f"at most {MAX_STOPS} stop sequences", param="stop")
+    if any(not s for s in stops):
+        raise ApiError(400, "stop sequences must not be empty", param="stop")
+    return stops
+
+
+def _sampling(body: Body, s: SamplingParams) -> SamplingParams:
+    """The body's sampling settings over the defaults `s` (SamplingParams checks their ranges)."""
+    return SamplingParams(
+        s.temperature if body.temperature is None else body.temperature,
+        s.top_k if body.top_k is None else body.top_k,
+        s.top_p if body.top_p is None else body.top_p,
+        s.min_p if body.min_p is None else body.min_p,
+        s.seed if body.seed is None else body.seed,
+    )
+
+
+def _prompt(body: CompletionBody) -> str:
+    if body.echo or body.suffix or (body.best_of or 1) > 1:
+        raise ApiError(400, "echo, suffix and best_of are not supported", param="echo")
+    prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+    if len(prompts) != 1:
+        raise ApiError(400, "give one prompt per request (a string)", param="prompt")
+    return prompts[0]
+
+
+def _conversation(body: ChatBody) -> tuple[str | None, list[dict[str, str]]]:
+    """(the system messages joined, or None; the user/assistant turns) of a chat body."""
+    if body.tools:
+        raise ApiError(400, "tools are not supported", param="tools")
+    system_parts: list[str] = []
+    messages: list[dict[str, str]] = []
+    for i, m in enumerate(body.messages):
+        text = _text(m.content, f"messages.{i}")
+        if m.role in ("system", "developer"):
+            if messages:
+                raise ApiError(400, f"messages.{i}: system messages must come before the conversation",
+                               param=f"messages.{i}.role")
+            system_parts.append(text)
+        elif m.role in ("user", "assistant"):
+            messages.append({"role": m.role, "content": text})
+        else:
+            raise ApiError(400, f"messages.{i}: role {m.role!r} is not supported (system, user, assistant)",
+                           param=f"messages.{i}.role")
+    if not messages:
+        raise ApiError(400, "messages: the conversation has no user message", param="messages")
+    return ("\n\n".join(system_parts) if system_parts else None), messages
+
+
+def _text(content: str | list[Part] | None, where: str) -> str:
+    if content is None:
+        raise ApiError(400, f"{where}: content is missing", param=where)
+    if isinstance(content, str):
+        return content
+    parts = []
+    for i, part in enumerate(content):
+        if part.type != "text" or part.text is None:
+            raise ApiError(400, f"{where}.content.{i}: only text parts are supported, got {part.type!r}",
+                           param=f"{where}.content")
+        parts.append(part.text)
+    return "".join(parts)
+
+
+# ----------------------------------------------------------------------------- responses
+def summary(reply: Reply) -> dict:
+    """What the final response says about a finished generation (computed on the worker thread)."""
+    st = reply.stats
+    prompt_s = st.prefill_s
+    decode_s = st.decode_s
+    timings = {
+        # llama-server's names
+        "cache_n": st.prompt_reused,
+        "prompt_n": st.prompt_prefilled,
+        "prompt_ms": 1000 * prompt_s,
+        "prompt_per_token_ms": 1000 * prompt_s / st.prompt_prefilled if st.prompt_prefilled else 0.0,
+        "prompt_per_second": st.prompt_prefilled / prompt_s if prompt_s > 0 else 0.0,
+        "predicted_n": st.generated,
+        "predicted_ms": 1000 * decode_s,
+        "predicted_per_token_ms": 1000 * decode_s / st.generated if st.generated else 0.0,
+        "predicted_per_second": st.tokens_per_s,
+        "draft_n": st.drafted,
+        "draft_n_accepted": st.accepted,
+        # by the source that proposed the draft (the suffix drafter: 'context' or 'answers')
+        "draft_n_by_source": dict(st.source_drafted),
+        "draft_n_accepted_by_source": dict(st.source_accepted),
+        # EdgeSpec's (stats.Stats, one definition each)
+        "acceptance": st.acceptance_rate,
+        "alpha": st.alpha,
+        "mean_accepted": st.mean_accepted,
+        "tokens_per_call": st.tokens_per_call,
+        "target_calls": st.target_calls,
+        "ttft_ms": None if st.ttft_s is None else 1000 * st.ttft_s,
+        "speedup_measured": reply.measured_speedup,
+        "speedup_predicted": reply.predicted_speedup,
+        "drafter": reply.drafter,
+        "gamma": reply.gamma,
+    }
+    return {
+        "text": reply.text,
+        "tokens": list(reply.tokens),
+        "sources": list(reply.sources),
+        "drafters": list(reply.drafted_by),
+        "finish": reply.finish_reason,
+        "usage": {"prompt_tokens": st.prompt_tokens, "completion_tokens": st.generated,
+                  "total_tokens": st.prompt_tokens + st.generated,
+                  "prompt_tokens_details": {"cached_tokens": st.prompt_reused}},
+        "timings": timings,
+        "framing": reply.framing,
+    }
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """What every object of one response shares (id, object type, creation time, model), and the
+    objects: a whole completion, or the chunks of a stream."""
+
+    kind: Kind
+    id: str
+    created: int
+    model: str
+
+    @classmethod
+    def new(cls, kind: Kind, model: str) -> Envelope:
+        rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+        return cls(kind, rid, int(time.time()), model)
+
+    def _object(self, obj: str, choices: list[dict]) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "system_fingerprint": "edgespec", "choices": choices}
+
+    def completion(self, s: dict) -> dict:
+        """The whole response to a request that did not stream; `s` is its `summary`."""
+        finish = FINISH.get(s["finish"], "stop")
+        prov = {"tokens": s["tokens"], "sources": s["sources"], "drafters": s["drafters"],
+                "finish_reason": s["finish"], "framing": s["framing"]}
+        if self.kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": s["text"]}, "logprobs": None,
+                      "finish_reason": finish}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": s["text"], "logprobs": None, "finish_reason": finish}
+            obj = "text_completion"
+        return {**self._object(obj, [choice]), "usage": s["usage"], "timings": s["timings"], "edgespec": prov}
+
+    @property
+    def chunk_object(self) -> str:
+        return "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+
+    def chunk(self, text: str | None, finish: str | None, extra: dict | None = None, role: bool = False) -> dict:
+        if self.kind == "chat":
+            delta: dict = {"role": "assistant"} if role else {}
+            if text is not None:
+                delta["content"] = text
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        return {**self._object(self.chunk_object, [choice]), **(extra or {})}
+
+    def delta_chunk(self, delta: dict) -> dict:
+        """A chunk of newly released tokens with their provenance (the worker's "delta" message)."""
+        return self.chunk("".join(delta["pieces"]), None, {"edgespec": delta})
+
+    def final_chunk(self, s: dict) -> dict:
+        """The chunk with finish_reason and timings that ends a stream; `s` is the `summary`."""
+        return self.chunk(None if self.kind == "chat" else "", FINISH.get(s["finish"], "stop"),
+                          {"timings": s["timings"],
+                           "edgespec": {"finish_reason": s["finish"], "framing": s["framing"],
+                                        "tokens": [], "pieces": [], "sources": [], "drafters": []}})
+
+    def usage_chunk(self, s: dict) -> dict:
+        """The last chunk when the client asked for stream_options.include_usage."""
+        return {**self._object(self.chunk_object, []), "usage": s["usage"]}
+
+
+def sse(obj: dict | str) -> str:
+    """One server-sent event."""
+    return f"data: {obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)}\n\n"

@@ -1,0 +1,210 @@
+"""Chat tab: multi-turn chat with streamed, source-highlighted replies and a live stats panel.
+
+A turn is one `Request` (the conversation so far, framing auto: the model's chat template, or
+User:/Assistant: lines for a base model without one) run on a leased `Session`; the drafter
+choices come from the drafter registry. The lease asks for the session this browser session used
+last, whose KV cache still holds the conversation, so a turn prefills only itself (prefix reuse)."""
+
+import html
+import json
+from collections.abc import Iterator
+from dataclasses import asdict
+from typing import Any
+
+import gradio as gr
+
+from edgespec.apps.ui import render
+from edgespec.apps.ui.context import AppContext, default_kind, drafter_choices, drafter_help, drafter_spec
+from edgespec.apps.ui.live import Tracker, stream
+from edgespec.core.sampling import SamplingParams
+from edgespec.runtime.errors import EdgeSpecError, one_line
+from edgespec.service.session import Request
+
+
+def chat_messages(turns: list[dict], highlight: bool) -> list[dict[str, str]]:
+    """Chatbot messages for the stored turns, each reply followed by its stats line."""
+    msgs: list[dict[str, str]] = []
+    for t in turns:
+        msgs.append({"role": "user", "content": t["user"]})
+        body = render.segments_html(t["segments"]) if highlight else t["reply"]
+        sep = "" if highlight else "\n\n"
+        stats = f'<div class="es-stats">{html.escape(t["stats"])}</div>' if t["stats"] else ""
+        msgs.append({"role": "assistant", "content": body + sep + stats})
+    return msgs
+
+
+def conversation(turns: list[dict]) -> list[dict[str, str]]:
+    """The conversation so far; the last turn's reply is the one to generate."""
+    msgs: list[dict[str, str]] = []
+    for t in turns[:-1]:
+        msgs += [{"role": "user", "content": t["user"]}, {"role": "assistant", "content": t["reply"]}]
+    msgs.append({"role": "user", "content": turns[-1]["user"]})
+    return msgs
+
+
+def details(tr: Tracker) -> dict[str, Any]:
+    """The last reply as data: per-token [text, source] segments, token ids, stats, speedups and
+    one point per target call (all read off the Reply)."""
+    r = tr.reply
+    return {
+        "segments": [[p, s] for p, s in tr.segments],
+        "tokens": list(tr.tokens),
+        "prompt_tokens": r.stats.prompt_tokens if r is not None else 0,
+        "finish_reason": tr.finish_reason,
+        "framing": r.framing if r is not None else None,
+        "drafter": r.drafter if r is not None else None,
+        "gamma": r.gamma if r is not None else None,
+        "stats": r.stats.to_dict() if r is not None else {},
+        "speedup": {"predicted": r.predicted_speedup if r is not None else None,
+                    "measured": r.measured_speedup if r is not None else None},
+        "policy": json.loads(json.dumps(r.policy, default=str)) if r is not None else {},  # str keys for JSON
+        "steps": [asdict(p) for p in tr.points],
+        "stats_line": render.stats_line(tr),
+        "error": tr.error,
+    }
+
+
+def build_chat_tab(ctx: AppContext, target: gr.Dropdown, draft_model: gr.Dropdown) -> None:
+    """Chat components inside the current Tab; `target` and `draft_model` live in the Models tab."""
+    d = ctx.defaults
+    choices = drafter_choices()
+    kind0 = default_kind(d.draft)
+    turns = gr.State([])
+    with gr.Row():
+        with gr.Column(scale=3):
+            target_line = gr.Markdown(_target_line(d.target), elem_id="es-chat-target")
+            gr.HTML(render.LEGEND)
+            highlight = gr.Checkbox(value=True, label="Highlight token sources (off: plain Markdown)")
+            chatbot = gr.Chatbot(height=460, label="Chat", elem_id="es-chatbot", buttons=["copy"])
+            error = gr.Markdown("", elem_classes="es-error", elem_id="es-chat-error")
+            msg = gr.Textbox(placeholder="Message (Enter sends)", show_label=False, elem_id="es-msg")
+            with gr.Row():
+                send = gr.Button("Send", variant="primary", elem_id="es-send")
+                stop = gr.Button("Stop", variant="stop", elem_id="es-stop")
+                regen = gr.Button("Regenerate")
+                clear = gr.Button("Clear")
+            system = gr.Textbox(d.system, label="System prompt", lines=2)
+        with gr.Column(scale=2):
+            with gr.Accordion("Sampling and drafting", open=True):
+                kind = gr.Radio(choices, value=kind0 if kind0 in [v for _, v in choices] else "none",
+                                label="Drafter", info=drafter_help(), elem_id="es-drafter")
+                gamma = gr.Textbox(d.gamma, label="gamma (draft length): a number, or auto")
+                max_tokens = gr.Slider(1, 4096, value=d.max_tokens, step=1, label="max tokens")
+                temperature = gr.Slider(0.0, 2.0, value=d.temperature, step=0.05, label="temperature (0 = greedy)")
+                top_k = gr.Number(d.top_k, precision=0, label="top-k (0 = off)")
+                top_p = gr.Slider(0.01, 1.0, value=d.top_p, step=0.01, label="top-p")
+                min_p = gr.Slider(0.0, 0.99, value=d.min_p, step=0.01, label="min-p")
+                seed = gr.Number(-1 if d.seed is None else d.seed, precision=0, label="seed (-1 = random)")
+            gr.Markdown("### Live stats")
+            live = gr.Markdown("No steps yet.", elem_id="es-live")
+            gr.HTML(render.plot_legend(render.STEP_COLORS))
+            steps_plot = gr.LinePlot(
+                None, x="step", y="value", color="series", color_map=render.STEP_COLORS, height=200,
+                label="per target call", x_title="target call", y_title="", elem_id="es-steps-plot",
+            )
+            gr.HTML(render.plot_legend(render.SPEED_COLORS))
+            speed_plot = gr.LinePlot(
+                None, x="step", y="speedup", color="series", color_map=render.SPEED_COLORS, height=200,
+                label="speedup vs plain decoding", x_title="target call", y_title="x", elem_id="es-speed-plot",
+            )
+    with gr.Accordion("Last reply as data (tokens and their sources)", open=False):
+        reply_data = gr.JSON(label="segments [text, source] per token, stats")
+
+    def run(
+        turns_: list[dict], system_: str, kind_: str, gamma_: str, max_tokens_: float,
+        temperature_: float, top_k_: float, top_p_: float, min_p_: float, seed_: float,
+        highlight_: bool, target_: str, draft_: str, request: gr.Request,
+    ) -> Iterator[tuple]:
+        turn = turns_[-1]
+        tr = Tracker()
+        try:
+            sampling = SamplingParams(
+                float(temperature_), int(top_k_ or 0), float(top_p_), float(min_p_),
+                None if seed_ is None or int(seed_) < 0 else int(seed_),
+            )
+            req = Request(
+                messages=conversation(turns_),
+                system=(system_ or "").strip() or None,
+                draft=drafter_spec(kind_, draft_),
+                gamma=(gamma_ or "auto").strip(),
+                ngram=d.ngram,
+                max_tokens=int(max_tokens_),
+                sampling=sampling,
+            )
+        except (EdgeSpecError, TypeError, ValueError) as exc:
+            tr.error = one_line(exc, typed=True)
+            turns_.pop()
+            yield _outputs(turns_, tr, highlight_)
+            return
+        target = (target_ or d.target).strip()
+        stop_ev = ctx.new_stop(request.session_hash or "", "chat")
+        # the browser session's own model session when idle: its KV cache holds this conversation
+        for tr in stream(ctx.pool, target, req, stop_ev, owner=request.session_hash):
+            turn["segments"] = list(tr.segments)
+            turn["reply"] = tr.text
+            turn["stats"] = render.stats_line(tr)
+            if tr.error and not tr.tokens and tr.finish_reason is None and turns_ and turns_[-1] is turn:
+                # Nothing was generated (bad model, prompt too long): keep the failed turn out of
+                # the history, or every later turn would fail the same way.
+                turns_.pop()
+            yield _outputs(turns_, tr, highlight_)
+
+    def _outputs(turns_: list[dict], tr: Tracker, highlight_: bool) -> tuple:
+        err = f"error: {tr.error}" if tr.error else ""
+        return (
+            chat_messages(turns_, highlight_), turns_, details(tr), render.live_summary(tr),
+            render.steps_frame(tr), render.speedup_frame(tr), err,
+        )
+
+    def send_fn(
+        message: str, turns_: list[dict], system_: str, kind_: str, gamma_: str, max_tokens_: float,
+        temperature_: float, top_k_: float, top_p_: float, min_p_: float, seed_: float,
+        highlight_: bool, target_: str, draft_: str, request: gr.Request,
+    ) -> Iterator[tuple]:
+        settings_ = (system_, kind_, gamma_, max_tokens_, temperature_, top_k_, top_p_, min_p_, seed_)
+        if not (message or "").strip():
+            yield ("", chat_messages(turns_, highlight_), turns_, gr.skip(), gr.skip(), gr.skip(), gr.skip(),
+                   "error: type a message first")
+            return
+        before = len(turns_)
+        turns_ = turns_ + [{"user": message, "reply": "", "segments": [], "stats": ""}]
+        for out in run(turns_, *settings_, highlight_, target_, draft_, request):
+            failed = len(out[1]) == before
+            yield (message if failed else "", *out)  # a failed message goes back into the box
+
+    def regen_fn(
+        turns_: list[dict], system_: str, kind_: str, gamma_: str, max_tokens_: float,
+        temperature_: float, top_k_: float, top_p_: float, min_p_: float, seed_: float,
+        highlight_: bool, target_: str, draft_: str, request: gr.Request,
+    ) -> Iterator[tuple]:
+        settings_ = (system_, kind_, gamma_, max_tokens_, temperature_, top_k_, top_p_, min_p_, seed_)
+        if not turns_:
+            yield (chat_messages(turns_, highlight_), turns_, gr.skip(), gr.skip(), gr.skip(), gr.skip(),
+                   "error: nothing to regenerate")
+            return
+        turns_ = turns_[:-1] + [{"user": turns_[-1]["user"], "reply": "", "segments": [], "stats": ""}]
+        yield from run(turns_, *settings_, highlight_, target_, draft_, request)
+
+    def stop_fn(request: gr.Request) -> str:
+        ctx.stop(request.session_hash or "", "chat")
+        return ""
+
+    def clear_fn() -> tuple:
+        return [], [], None, "No steps yet.", None, None, ""
+
+    settings = [system, kind, gamma, max_tokens, temperature, top_k, top_p, min_p, seed, highlight, target, draft_model]
+    outs = [chatbot, turns, reply_data, live, steps_plot, speed_plot, error]
+    gen_opts = dict(concurrency_limit=8, concurrency_id="generate", show_progress="hidden")
+    msg.submit(send_fn, [msg, turns, *settings], [msg, *outs], api_visibility="private", **gen_opts)
+    send.click(send_fn, [msg, turns, *settings], [msg, *outs], api_name="chat", **gen_opts)
+    regen.click(regen_fn, [turns, *settings], outs, api_name="regenerate", **gen_opts)
+    stop.click(stop_fn, None, error, api_name="stop", concurrency_limit=None, queue=False)
+    clear.click(clear_fn, None, outs, api_name="clear", queue=False)
+    highlight.change(chat_messages, [turns, highlight], chatbot, api_visibility="private", queue=False)
+    target.change(lambda t: _target_line((t or d.target).strip()), target, target_line, api_visibility="private",
+                  queue=False)
+
+
+def _target_line(target: str) -> str:
+    """Which model answers in the Chat tab (it is chosen in the Models tab)."""
+    return f"Target model: `{target.replace('`', '')}` (change it in the Models tab)"

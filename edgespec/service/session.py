@@ -1,0 +1,468 @@
+"""The session layer, between the engine and its consumers (CLI, web UI, bench, server).
+
+Every consumer does the same three things, here and nowhere else:
+  1. build a `Request` (prompt or conversation, framing, drafter, gamma, sampling) - from command
+     line arguments with `Request.from_args`, or field by field from UI controls or a bench row;
+  2. run it on a `Session` (a loaded target plus the drafters loaded against it): `frame` turns
+     the request into tokens, the drafter registry builds the drafter, the one cost model
+     (`edgespec.core.costs`) plans gamma auto and caps exact-mode drafts;
+  3. fold the `StepEvent`s into a `Reply`: text, tokens and their sources, finish reason, the
+     engine's counters, the two acceptance figures, predicted and measured speedup. `--json`
+     prints `Reply.to_dict()`; the UI and the bench read the same fields.
+
+A Session keeps its target's KV cache between requests: each generation decodes only what follows
+the longest prefix of its prompt that the cache already holds (engine.py, "Prefix reuse"), so a
+chat turn costs the new turn, not the whole conversation. `Conversation` keeps a multi-turn chat
+for the terminal; the UI and the server send the whole conversation each turn and get the same
+reuse. `Request.reuse_prefix=False` clears the cache first (bit-for-bit independent of earlier runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.core import drafters as registry
+from edgespec.core.adaptive import AutoGamma
+from edgespec.core.costs import GAMMA_MAX, CostModel
+from edgespec.core.drafters import Drafter
+from edgespec.core.engine import Engine, FixedGamma, GammaPolicy, GenerationConfig, StepEvent
+from edgespec.core.sampling import SamplingParams
+from edgespec.core.stats import Stats
+from edgespec.models.loader import RuntimeOptions, load_model
+from edgespec.runtime import llama as runtime
+from edgespec.runtime.errors import EdgeSpecError
+from edgespec.runtime.llama import Model
+
+# How a prompt becomes tokens (`frame`):
+#   chat        the model's own chat template from its GGUF metadata
+#   transcript  "User: ... / Assistant: ..." lines, for base models asked to chat (stops at the next "User:")
+#   qa          "Question: ...\nAnswer:", for base models asked a single question (the bench; stops at the
+#               next "Question:")
+#   raw         the text as is (completion)
+#   auto        chat when the model has a template; else transcript for a conversation, raw for a text
+#   question    chat when the model has a template, else qa: one answer to one prompt (the bench, distill)
+FRAMINGS = ("auto", "question", "chat", "transcript", "qa", "raw")
+QA_FRAME = "Question: {prompt}\nAnswer:"
+# A base model goes on to write the next turn itself (Gemma-3-270M loops question and answer to the
+# token limit): each framing ends the reply where its next turn would begin.
+TRANSCRIPT_STOP = "\nUser:"
+QA_STOP = "\nQuestion:"
+
+
+def parse_gamma(value: str | int) -> GammaPolicy:
+    """'auto' -> AutoGamma; a whole number 0..GAMMA_MAX -> FixedGamma."""
+    text = str(value).strip().lower()
+    if text == "auto":
+        return AutoGamma()
+    try:
+        g = int(text)
+    except ValueError:
+        raise EdgeSpecError(f"gamma must be a whole number >= 0 or 'auto', got {value!r}") from None
+    if g > GAMMA_MAX:
+        raise EdgeSpecError(f"gamma {g} is more than a step can verify (at most {GAMMA_MAX}); try auto")
+    return FixedGamma(g)
+
+
+def parse_ngram(text: str) -> tuple[int, int]:
+    try:
+        lo, hi = (int(x) for x in str(text).split(","))
+    except ValueError:
+        raise EdgeSpecError(f"--ngram wants MIN,MAX (e.g. 1,4), got {text!r}") from None
+    if not 1 <= lo <= hi:
+        raise EdgeSpecError(f"n-gram sizes need 1 <= MIN <= MAX, got {lo},{hi}")
+    return lo, hi
+
+
+@dataclass
+class Request:
+    """One generation, as any consumer asks for it. Exactly one of `text` and `messages`."""
+
+    text: str | None = None
+    messages: list[dict[str, str]] | None = None  # conversation ending with the user's turn
+    system: str | None = None
+    framing: str = "auto"
+    draft: str = "ngram"  # 'none' | a registered drafter name[:ARG] | a draft model name or path
+    gamma: str = "auto"
+    ngram: tuple[int, int] = registry.NGRAM_SIZES
+    max_tokens: int = 256
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    verifier: str = "rejection"
+    stop: tuple[str, ...] = ()  # generation ends before any of these strings
+    reuse_prefix: bool = True  # keep the cached prefix of the prompt (False: prefill all of it)
+    stop_at_eog: bool = True  # False: an end-of-generation token is just another token
+    # Whose earlier answers a drafter that learns from them reads and adds to ('' = this machine's
+    # user; the server: a digest of the client's API key): one owner's answers never draft for another.
+    owner: str = ""
+
+    def __post_init__(self) -> None:
+        if (self.text is None) == (self.messages is None):
+            raise EdgeSpecError("a request needs a prompt text or a conversation (one of them)")
+        if self.text is not None and not self.text.strip():
+            raise EdgeSpecError("the prompt is empty")
+        if self.messages is not None:
+            if not self.messages or self.messages[-1].get("role") != "user":
+                raise EdgeSpecError("a conversation must end with the user's message")
+            if not str(self.messages[-1].get("content", "")).strip():
+                raise EdgeSpecError("the message is empty")
+        if self.framing not in FRAMINGS:
+            raise EdgeSpecError(f"framing must be one of {', '.join(FRAMINGS)}, got {self.framing!r}")
+        if self.system and self.framing in ("qa", "raw"):
+            raise EdgeSpecError(f"a system message needs chat framing; {self.framing} framing has no place for it")
+        if any(not s for s in self.stop):
+            raise EdgeSpecError("stop strings must not be empty")
+        self.policy()  # a bad gamma fails here, as one line
+        GenerationConfig(max_tokens=self.max_tokens, sampling=self.sampling, verifier=self.verifier)
+
+    def policy(self) -> GammaPolicy:
+        """A fresh gamma policy (no learning carried over from another generation)."""
+        return parse_gamma(self.gamma)
+
+    def config(self) -> GenerationConfig:
+        return GenerationConfig(max_tokens=self.max_tokens, sampling=self.sampling, verifier=self.verifier,
+                                reuse_prefix=self.reuse_prefix, stop_at_eog=self.stop_at_eog)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, text: str) -> Request:
+        """From the command line's generation arguments (`cli.add_generation_args`)."""
+        framing = args.framing
+        if args.chat and args.raw:
+            raise EdgeSpecError("give --chat or --raw, not both")
+        if args.chat or args.raw:
+            if framing != "auto":
+                raise EdgeSpecError("--chat and --raw are short for --framing chat|raw; give one of them")
+            framing = "chat" if args.chat else "raw"
+        return cls(
+            text=text,
+            system=args.system,
+            framing=framing,
+            draft=args.draft,
+            gamma=args.gamma,
+            ngram=parse_ngram(args.ngram),
+            max_tokens=args.max_tokens,
+            sampling=SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed),
+            verifier=args.verifier,
+            stop=tuple(args.stop or ()),
+            reuse_prefix=not args.no_prefix_reuse,
+        )
+
+
+def runtime_options(args: argparse.Namespace) -> RuntimeOptions:
+    return RuntimeOptions(n_ctx=args.ctx, n_threads=args.threads, flash_attn=args.flash_attn, exact=args.exact,
+                          rpc=tuple(args.rpc.split(",")) if args.rpc else ())
+
+
+@dataclass
+class Framed:
+    tokens: list[int]
+    framing: str  # what 'auto' resolved to
+    stop: tuple[str, ...]  # stop strings the framing adds
+    note: str | None = None  # something the user should know about how the prompt was fed
+
+
+def frame(model: Model, req: Request) -> Framed:
+    """The one place a request's text or conversation becomes the target's tokens."""
+    framing = req.framing
+    has_template = model.chat_template() is not None
+    note = None
+    if framing == "auto":
+        framing = "chat" if has_template else ("transcript" if req.messages is not None else "raw")
+        if not has_template:  # a base model asked a question goes on with the text (question, answer, ...)
+            base = f"{Path(model.path).name} is a base model (no chat template in its GGUF)"
+            note = (f"{base}: it continues the text; for one answer to a question use --framing qa"
+                    if framing == "raw" else f"{base}: the conversation is fed as a User:/Assistant: transcript")
+    elif framing == "question":
+        framing = "chat" if has_template else "qa"
+    messages = req.messages if req.messages is not None else [{"role": "user", "content": req.text or ""}]
+    if req.system and framing in ("qa", "raw"):
+        raise EdgeSpecError(
+            f"a system message needs chat or transcript framing; {Path(model.path).name} is fed {framing} text "
+            "(add --framing transcript)"
+        )
+    if framing == "chat":
+        if not has_template:
+            raise EdgeSpecError(
+                f"{Path(model.path).name} has no chat template in its metadata (a base model); "
+                "use framing transcript, qa or raw"
+            )
+        msgs = ([{"role": "system", "content": req.system}] if req.system else []) + list(messages)
+        rendered = model.apply_chat_template(msgs)
+        # A template that writes the BOS text itself must not get a second BOS from the tokenizer.
+        info = model.info
+        own_bos = info.add_bos and info.bos >= 0 and rendered.startswith(model.token_text(info.bos))
+        return Framed(model.tokenize(rendered, add_special=not own_bos, parse_special=True), framing, ())
+    if framing == "transcript":
+        lines = [req.system.strip(), ""] if req.system else []
+        for m in messages:
+            who = "User" if m["role"] == "user" else "Assistant"
+            lines.append(f"{who}: {m['content'].strip()}")
+        text = "\n".join(lines) + "\nAssistant:"
+        return Framed(model.tokenize(text, add_special=True), framing, (TRANSCRIPT_STOP,), note)
+    if req.messages is not None and len(req.messages) > 1:
+        raise EdgeSpecError(f"{framing} framing takes one prompt, not a conversation; use chat or transcript")
+    text = messages[-1]["content"]
+    if framing == "qa":
+        return Framed(model.tokenize(QA_FRAME.format(prompt=text), add_special=True), framing, (QA_STOP,))
+    return Framed(model.tokenize(text, add_special=True), framing, (), note)
+
+
+class StopStrings:
+    """Ends a generation before any stop string, holding back text that might be the start of one
+    so a consumer never shows it. The answer is the text up to the stop string's first character (as
+    llama-server and OpenAI's API answer), even where that falls inside a token: the token it falls
+    in is kept with its piece cut there (its id and source unchanged); a token that would keep no
+    text is dropped with everything after it."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = tuple(stops)
+        self.longest = max((len(s) for s in self.stops), default=0)
+        self.text = ""  # everything released so far
+        self._held: list[tuple[int, str, str, str]] = []  # (token, source, piece, drafter) not yet released
+        # After a hit: how many tokens of the event that hit were produced up to the end of the stop
+        # string (the token that completed it included), for counting that step (Stats.end_in_step).
+        self.step_end: int | None = None
+
+    def push(self, ev: StepEvent) -> tuple[list[tuple[int, str, str, str]], bool]:
+        """Tokens of `ev` that can be shown now, and whether a stop string was hit."""
+        before = len(self._held)
+        self._held.extend(zip(ev.tokens, ev.sources, ev.pieces, ev.drafters, strict=True))
+        window = self.text + "".join(p for _, _, p, _ in self._held)
+        first = max(0, len(self.text) - self.longest)
+        hits = [(h, h + len(s)) for s in self.stops if (h := window.find(s, first)) >= 0]
+        if hits:
+            cut, stop_end = min(hits)  # the earliest stop string (the shorter one of two at one place)
+            out, end, last = [], len(self.text), 0
+            for i, (tok, src, piece, by) in enumerate(self._held):
+                if end < cut:  # the token's text starts before the stop string: keep that part
+                    out.append((tok, src, piece[: cut - end], by))
+                end += len(piece)
+                if end >= stop_end:
+                    last = i  # the token that completed the stop string
+                    break
+            self._held = []
+            self.text += "".join(p for _, _, p, _ in out)
+            # no earlier push held a whole stop string, so it was completed by one of this event's tokens
+            self.step_end = last - before + 1
+            return out, True
+        if ev.done:
+            out, self._held = self._held, []
+        else:
+            keep = 0  # hold back the longest suffix that is a prefix of a stop string
+            for s in self.stops:
+                for n in range(min(len(s) - 1, len(window)), 0, -1):
+                    if window.endswith(s[:n]):
+                        keep = max(keep, n)
+                        break
+            out, tail = [], 0
+            for i in range(len(self._held) - 1, -1, -1):
+                if tail >= keep:
+                    out = self._held[: i + 1]
+                    self._held = self._held[i + 1 :]
+                    break
+                tail += len(self._held[i][2])
+            else:
+                out = []
+        self.text += "".join(p for _, _, p, _ in out)
+        return out, False
+
+
+@dataclass
+class Reply:
+    """The fold of one generation's events: what every consumer shows and `--json` prints."""
+
+    text: str = ""
+    tokens: list[int] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)  # per token: 'draft' | 'target' | 'bonus'
+    pieces: list[str] = field(default_factory=list)  # per token: the text it completed
+    drafted_by: list[str] = field(default_factory=list)  # per token: drafter of a 'draft' token, else ''
+    finish_reason: str | None = None  # 'eog' | 'length' | 'context' | 'stop' | 'stopped' | 'interrupted'
+    stats: Stats = field(default_factory=Stats)
+    framing: str = ""
+    note: str | None = None  # how the prompt was fed, when the user should know (Framed.note)
+    drafter: str = "none"
+    gamma: str = "0"
+    policy: dict = field(default_factory=dict)
+    costs: CostModel | None = None
+    target: str = ""
+
+    def add(self, tokens: Sequence[int], sources: Sequence[str], pieces: Sequence[str], drafted_by: Sequence[str],
+            stats: Stats, finish: str | None) -> None:
+        self.tokens.extend(tokens)
+        self.sources.extend(sources)
+        self.pieces.extend(pieces)
+        self.drafted_by.extend(drafted_by)
+        self.text += "".join(pieces)
+        self.stats = stats
+        if finish is not None:
+            self.finish_reason = finish
+
+    @classmethod
+    def collect(cls, events: Iterator[StepEvent]) -> Reply:
+        """Run a generation to the end and fold its events (engine-level use, tests)."""
+        r = cls()
+        for ev in events:
+            r.add(ev.tokens, ev.sources, ev.pieces, ev.drafters, ev.stats, ev.finish_reason)
+        return r
+
+    # Speedups: both from the one cost model.
+    @property
+    def predicted_speedup(self) -> float | None:
+        """What the paper's formula predicts for this run's draft lengths at its measured alpha."""
+        if self.costs is None or not self.stats.target_calls:
+            return None
+        return self.costs.predicted_for(self.stats.gamma_hist, self.stats.alpha)
+
+    @property
+    def measured_speedup(self) -> float | None:
+        """Tokens produced per second over the plain rate (produced: plain decoding needs the call
+        that produces the end-of-generation token too). A run that drafted nothing did plain
+        decoding's work, so it is 1.00x: its timing against the plain steps' median would only
+        measure the machine's noise (0.04x-0.56x under load)."""
+        st = self.stats
+        if self.costs is None or not st.target_calls:
+            return None
+        if not st.drafted:
+            return 1.0
+        t1 = float(np.median(st.plain_pass_s)) if st.plain_pass_s else None
+        return self.costs.measured_speedup(st.produced, st.target_calls, st.decode_s, t1)
+
+    def to_dict(self) -> dict:
+        be = runtime.backend_info()
+        return {
+            "text": self.text,
+            "tokens": self.tokens,
+            "token_sources": self.sources,
+            "token_drafters": self.drafted_by,
+            "finish_reason": self.finish_reason,
+            "framing": self.framing,
+            "note": self.note,
+            "target": self.target,
+            "draft": self.drafter,
+            "gamma": self.gamma,
+            "exact": be.mode == "exact",
+            "backend": be.to_dict(),
+            "stats": self.stats.to_dict(),
+            "speedup": {"predicted": self.predicted_speedup, "measured": self.measured_speedup},
+            "draft_cap": None if self.costs is None else self.costs.draft_cap,
+            "adaptive": self.policy,
+        }
+
+
+class Conversation:
+    """A multi-turn chat run turn by turn on one Session (the terminal's `--chat-file`): every turn
+    is a Request for the whole conversation so far, built from `settings` (its text is ignored), and
+    the Session's cache holds the previous turns, so only the new turn is prefilled."""
+
+    def __init__(self, settings: Request, system: str | None = None) -> None:
+        self.settings = settings
+        self.system = system if system is not None else settings.system
+        self.messages: list[dict[str, str]] = []
+
+    def request(self, user: str) -> Request:
+        """The Request for the next turn, the user saying `user`."""
+        return replace(self.settings, text=None, system=self.system,
+                       messages=[*self.messages, {"role": "user", "content": user}])
+
+    def record(self, user: str, reply: Reply) -> None:
+        """Keep a finished turn (the reply's text, as shown) in the conversation."""
+        self.messages += [{"role": "user", "content": user}, {"role": "assistant", "content": reply.text}]
+
+    def ask(self, session: Session, user: str, stop: threading.Event | None = None
+            ) -> Iterator[tuple[StepEvent, Reply]]:
+        """Run one turn on `session`, yielding like Session.generate; the turn is recorded when it ends."""
+        reply = Reply()
+        for ev, reply in session.generate(self.request(user), stop):
+            yield ev, reply
+        self.record(user, reply)
+
+    def run(self, session: Session, user: str, stop: threading.Event | None = None) -> Reply:
+        """One turn to the end; its Reply."""
+        reply = Reply()
+        for _, reply in self.ask(session, user, stop):  # noqa: B007 - the last fold is the reply
+            pass
+        return reply
+
+
+class Session:
+    """A loaded target and the drafters loaded against it; runs Requests one at a time."""
+
+    def __init__(self, target: Model, opts: RuntimeOptions) -> None:
+        self.target = target
+        self.opts = opts
+        self._kept: dict[str, Drafter] = {}  # drafters that load a model are kept between requests
+        # Called with the fraction done while the target's cost profile is measured (its first use
+        # with this set-up: seconds to minutes), so a consumer can say why nothing happens yet.
+        self.on_profile: Callable[[float], None] | None = None
+
+    @classmethod
+    def load(cls, name: str, opts: RuntimeOptions, progress: Callable[[float], None] | None = None,
+             download_progress: Callable[[int, int], None] | None = None) -> Session:
+        return cls(load_model(name, opts, progress, download_progress), opts)
+
+    def drafter(self, spec: str, ngram: tuple[int, int] = registry.NGRAM_SIZES, owner: str = "") -> Drafter | None:
+        """The drafter `spec` names: built per request (for `owner`, Request.owner) when cheap, kept
+        when it loads a model."""
+        kind, arg = registry.split_spec(spec)
+        if kind == "none":
+            return None
+        if registry.kinds()[kind].takes_model:
+            key = f"{kind}:{arg}"
+            if key not in self._kept:
+                self._kept[key] = registry.build(spec, self.target, self.opts, ngram)
+            return self._kept[key]
+        return registry.build(spec, self.target, self.opts, ngram, owner)
+
+    def cost_model(self, drafter: Drafter | None) -> CostModel | None:
+        """The one cost model for this target and drafter (stored profile; measured on first use)."""
+        if drafter is None:
+            return None
+        return CostModel.for_target(self.target, drafter.draft_cost_s(), progress=self.on_profile)
+
+    def prepare(self, req: Request) -> tuple[Framed, Engine]:
+        """Tokens and an engine for `req` (loads a draft model and the cost profile if needed), so
+        a consumer can do the slow part before its clock starts."""
+        framed = frame(self.target, req)
+        drafter = self.drafter(req.draft, req.ngram, req.owner)
+        return framed, Engine(self.target, drafter, req.policy(), self.cost_model(drafter))
+
+    def generate(self, req: Request, stop: threading.Event | None = None,
+                 prepared: tuple[Framed, Engine] | None = None) -> Iterator[tuple[StepEvent, Reply]]:
+        """Run `req`; yield each engine event with the reply folded so far (stop strings applied:
+        the event's own tokens may include held-back text; the reply never does)."""
+        framed, engine = prepared or self.prepare(req)
+        reply = Reply(framing=framed.framing, note=framed.note, drafter=engine.drafter_name,
+                      gamma=engine.policy.label, costs=engine.costs, target=self.target.path)
+        stops = StopStrings(req.stop + framed.stop)
+        try:
+            for ev in engine.generate(framed.tokens, req.config(), stop):
+                released, hit = stops.push(ev)
+                toks, srcs, pcs, by = (list(x) for x in zip(*released, strict=True)) if released else ([], [], [], [])
+                reply.add(toks, srcs, pcs, by, ev.stats, "stop" if hit else ev.finish_reason)
+                if hit:  # count the generation up to the end of the stop string, and the answer's tokens
+                    ev.stats.end_in_step(ev, stops.step_end, len(reply.tokens))
+                reply.policy = engine.policy.snapshot() if engine.drafter is not None else {}
+                yield ev, reply
+                if hit:
+                    break
+        finally:
+            if engine.drafter is not None and engine.drafter not in self._kept.values():
+                engine.drafter.close()
+        if engine.costs is not None:
+            engine.costs.check_t1(self.target, reply.stats.plain_pass_s)
+
+    def run(self, req: Request, stop: threading.Event | None = None) -> Reply:
+        reply = Reply()
+        for _, folded in self.generate(req, stop):
+            reply = folded
+        return reply
+
+    def close(self) -> None:
+        for d in self._kept.values():
+            d.close()
+        self._kept.clear()
+        self.target.close()

@@ -1,6 +1,0 @@
-"""Gradio UI: `launch(args)` for `python app.py`, `build_app()` + `start()` for tests and embedding."""
-
-from edgespec.ui.app import build_app, launch, start
-from edgespec.ui.context import Defaults
-
-__all__ = ["Defaults", "build_app", "launch", "start"]
