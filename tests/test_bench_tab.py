@@ -31,7 +31,7 @@ def test_tab_builds_and_lists_the_shipped_suites():
         with gr.Tab("Bench"):
             bench_tab(make_ctx())
     choices = dict(suite_choices())
-    assert set(choices) == {"code_edit", "code_open", "Spec-Bench"}
+    assert set(choices) == {"agent", "code_edit", "code_open", "Spec-Bench"}
     assert all(Path(p).is_file() and p.endswith(".jsonl") for p in choices.values())
     assert any(isinstance(c, gr.Gallery) for c in app.blocks.values())
     # Run and Stop both get the browser session (gr.Request) that keys their stop flag.

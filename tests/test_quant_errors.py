@@ -15,7 +15,7 @@ from edgespec.apps.quant.convert import convert
 from edgespec.runtime.errors import EdgeSpecError
 from tests.conftest import ROOT
 
-PROMPTS = ROOT / "quant" / "prompts.txt"
+PROMPTS = ROOT / "edgespec" / "apps" / "quant" / "prompts.txt"
 
 
 def _run(module: str, *args: str) -> subprocess.CompletedProcess:

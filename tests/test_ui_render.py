@@ -12,7 +12,7 @@ from edgespec.core.stats import Stats
 from edgespec.runtime.errors import EdgeSpecError, one_line
 from edgespec.service.session import Reply
 
-UI_DIR = Path(__file__).resolve().parent.parent / "edgespec" / "ui"
+UI_DIR = Path(__file__).resolve().parent.parent / "edgespec" / "apps" / "ui"
 
 
 def reply_with(**stats) -> Reply:

@@ -338,7 +338,7 @@ def test_quant_report_refuses_more_threads_than_cores_at_once(tmp_path):
     cores = len(os.sched_getaffinity(0))
     t0 = time.monotonic()
     res = run_app("quant", "report", "--reference", str(bundled_path(MODEL)), str(bundled_path(MODEL)),
-                  "--prompts", str(ROOT / "quant" / "prompts.txt"), "--threads", str(cores + 97),
+                  "--prompts", str(ROOT / "edgespec" / "apps" / "quant" / "prompts.txt"), "--threads", str(cores + 97),
                   "--out", str(tmp_path / "r"), timeout=120)
     one_line_error(res, f"--threads must be at most {cores}")
     assert time.monotonic() - t0 < 30 and not list(tmp_path.iterdir())
@@ -472,7 +472,7 @@ def test_chat_file_mistakes_are_one_line_before_anything_is_generated(tmp_path, 
       "--out", "{tmp}/r"), ["--gamma must be >= 1"]),
 ])
 def test_errors_name_what_is_wrong_and_come_before_any_work(tmp_path, args, wants):
-    subs = {"tmp": tmp_path, "model": bundled_path(MODEL), "prompts": ROOT / "quant" / "prompts.txt"}
+    subs = {"tmp": tmp_path, "model": bundled_path(MODEL), "prompts": ROOT / "edgespec" / "apps" / "quant" / "prompts.txt"}
     t0 = time.monotonic()
     res = run_app(*(a.format(**subs) for a in args), timeout=120)
     one_line_error(res, *wants)
