@@ -20,8 +20,9 @@ import json
 import sys
 from collections.abc import Sequence
 
-from edgespec.core.costs import CostModel, profile_rows
+from edgespec.core.costs import CostModel
 from edgespec.models.loader import RuntimeOptions, load_model
+from edgespec.runtime.profiles import profile_rows
 
 ALPHAS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 COSTS = (0.0, 0.01, 0.05, 0.2, 0.6)

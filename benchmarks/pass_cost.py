@@ -15,8 +15,8 @@ import statistics
 import sys
 from collections import defaultdict
 
-from edgespec.core import costs
 from edgespec.models.loader import RuntimeOptions
+from edgespec.runtime import profiles
 from edgespec.service.session import Request, Session
 from edgespec.service.suites import grounded_prompts
 
@@ -32,7 +32,7 @@ def main(argv: list[str]) -> int:
     observed: dict[int, list[float]] = defaultdict(list)
     try:
         target = session.target
-        prof = costs.profile(target)
+        prof = profiles.profile(target)
         framing = "question"
         prompts = grounded_prompts()
         for i, pr in enumerate(prompts):
@@ -46,7 +46,7 @@ def main(argv: list[str]) -> int:
         session.close()
     t1p = prof.pass_s[1]
     t1o = statistics.median(observed[1])
-    print(f"profile measured at {costs.CONTEXT_AT} tokens of context; observed = median of real steps")
+    print(f"profile measured at {profiles.CONTEXT_AT} tokens of context; observed = median of real steps")
     print("| K | profile T(K) ms | observed T(K) ms | passes | observed / profile | profile T(K)/T(1) | observed T(K)/T(1) |")
     print("|---|---|---|---|---|---|---|")
     worst = 0.0

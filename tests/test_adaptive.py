@@ -10,9 +10,10 @@ import pytest
 
 from edgespec.core import costs as costs_mod
 from edgespec.core.adaptive import AutoGamma
-from edgespec.core.costs import PROBE_TEXT, CostModel, profile, profile_dir
+from edgespec.core.costs import CostModel
 from edgespec.core.drafters import Hint
-from edgespec.runtime import backend
+from edgespec.runtime import backend, profiles
+from edgespec.runtime.profiles import PROBE_TEXT, profile, profile_dir
 
 
 def costs(per_row: float, c: float = 0.0, max_rows: int | None = None) -> CostModel:
@@ -149,7 +150,7 @@ def test_profile_is_measured_once_and_reused(smollm2_path, tmp_path, monkeypatch
         data = json.loads(stored.read_text())
         assert data["pass_s"] == {str(k): v for k, v in first.items()}
         assert data["cpu"] == backend.this_cpu().model and data["cpu_variant"]
-        costs_mod._loaded.clear()
+        profiles._loaded.clear()
         assert profile(model, [1, 5]).pass_s == first  # read back, not re-measured
         more = profile(model, [1, 3]).pass_s  # a missing row count is measured and added
         assert more[1] == first[1] and set(json.loads(stored.read_text())["pass_s"]) == {"1", "2", "3", "5"}
@@ -165,7 +166,7 @@ def test_a_profile_from_another_processor_is_not_reused(smollm2_path, tmp_path, 
     monkeypatch.setenv("EDGESPEC_PROFILES", str(tmp_path))
     model = Model(smollm2_path, n_ctx=256)
     try:
-        costs_mod._loaded.clear()
+        profiles._loaded.clear()
         here = profile(model, [1, 2]).pass_s.copy()
         (mine,) = tmp_path.glob("*.json")
         import edgespec.runtime.llama as rt
@@ -173,12 +174,12 @@ def test_a_profile_from_another_processor_is_not_reused(smollm2_path, tmp_path, 
         be = rt.backend_info()
         other = backend.Cpu("Some Other CPU", frozenset({"avx2", "avx512f"}))
         monkeypatch.setattr(rt, "_backend", backend.Backend(be.mode, be.variant, be.module, be.others, other))
-        assert costs_mod.profile_path(model) != mine
-        costs_mod._loaded.clear()
+        assert profiles.profile_path(model) != mine
+        profiles._loaded.clear()
         profile(model, [1, 2])
         assert len(list(tmp_path.glob("*.json"))) == 2  # measured again under the other key
         monkeypatch.setattr(rt, "_backend", be)
-        costs_mod._loaded.clear()
+        profiles._loaded.clear()
         assert profile(model, [1, 2]).pass_s == here  # back on this CPU: its own profile again
     finally:
         model.close()
@@ -192,7 +193,7 @@ def test_a_profile_slower_than_the_machine_is_forgotten(smollm2_path, tmp_path, 
     monkeypatch.setenv("EDGESPEC_PROFILES", str(tmp_path))
     model = Model(smollm2_path, n_ctx=256)
     try:
-        costs_mod._loaded.clear()
+        profiles._loaded.clear()
         prof = profile(model, [1, 2])
         cm = CostModel(prof.pass_s)
         t1 = prof.pass_s[1]
@@ -202,7 +203,7 @@ def test_a_profile_slower_than_the_machine_is_forgotten(smollm2_path, tmp_path, 
         data = json.loads(stored.read_text())
         data["pass_s"]["1"] = 3 * t1  # as if measured while a compiler shared the cores
         stored.write_text(json.dumps(data))
-        costs_mod._loaded.clear()
+        profiles._loaded.clear()
         slow = CostModel(profile(model, [1, 2]).pass_s)
         assert slow.check_t1(model, [t1] * 20)
         assert json.loads(stored.read_text())["stale"] is True
@@ -266,14 +267,14 @@ def test_chain_acceptance_generalises_the_geometric_formula():
 def test_long_drafts_only_at_profiled_row_counts():
     """Beyond K_MAX rows only the measured row counts are candidates (no trust in interpolation),
     and a copy accepted in full is drafted as long as the curve pays for."""
-    pass_s = {k: 0.015 + 0.005 * (k - 1) for k in range(1, costs_mod.K_MAX + 1)}
+    pass_s = {k: 0.015 + 0.005 * (k - 1) for k in range(1, profiles.K_MAX + 1)}
     pass_s.update({24: 0.13, 32: 0.16, 64: 0.30})
     cm = CostModel(pass_s, gamma_max=63)
     assert cm.best_gamma(1.0)[0] == 63
     for alpha in (0.9, 0.97, 0.99, 0.999):
         g = cm.best_gamma([alpha] * 63)[0]
-        assert g <= costs_mod.K_MAX - 1 or g + 1 in pass_s
-    assert costs_mod.profile_rows(40) == [*range(1, costs_mod.K_MAX + 1), 24, 32]
+        assert g <= profiles.K_MAX - 1 or g + 1 in pass_s
+    assert profiles.profile_rows(40) == [*range(1, profiles.K_MAX + 1), 24, 32]
 
 
 def test_a_short_match_that_keeps_copying_is_drafted_longer():
@@ -303,9 +304,9 @@ def test_profile_passes_run_after_real_context(smollm2_path):
             return decode(tokens, n_logits, hidden)
 
         model.decode = spy
-        got = costs_mod.measure_pass_costs(model, [1, 3], repeats=1)
+        got = profiles.measure_pass_costs(model, [1, 3], repeats=1)
         assert set(got) == {1, 3} and all(t > 0 for t in got.values())
-        at = min(costs_mod.CONTEXT_AT, model.n_ctx - 3 - 1)
+        at = min(profiles.CONTEXT_AT, model.n_ctx - 3 - 1)
         assert seen[0] == (0, at, 0)  # the context, no logits
         assert {s for s in seen[1:]} == {(at, 1, 1), (at, 3, 3)}  # every timed pass after it
         assert model.n_past == 0
@@ -313,7 +314,7 @@ def test_profile_passes_run_after_real_context(smollm2_path):
         held = model.tokenize(PROBE_TEXT, add_special=True)[:40]
         decode(held, n_logits=0)
         seen.clear()
-        costs_mod.measure_pass_costs(model, [1, 3], repeats=1)
+        profiles.measure_pass_costs(model, [1, 3], repeats=1)
         assert seen[0] == (40, at - 40, 0) and {s for s in seen[1:]} == {(at, 1, 1), (at, 3, 3)}
         assert model.cached == tuple(held)
     finally:

@@ -19,10 +19,11 @@ import pytest
 from conftest import ROOT, run_app
 
 from benchmarks.ceiling import bench_rows
-from edgespec.core.costs import CostModel, profile_rows
+from edgespec.core.costs import CostModel
 from edgespec.core.engine import first_divergence
 from edgespec.core.stats import Stats
 from edgespec.runtime.errors import EdgeSpecError
+from edgespec.runtime.profiles import profile_rows
 from edgespec.service.bench.runner import BASELINE, REF_LOOKUP, REF_PLAIN, BenchSettings, aggregate, pooled
 from edgespec.service.session import FRAMINGS, QA_FRAME, Request, frame
 from edgespec.service.suites import load_suite, load_suites, shipped_suites

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec.apps import corpus
+from edgespec.apps.distill import corpus
 from edgespec.runtime.errors import EdgeSpecError
 
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from edgespec.core import costs
+from edgespec.runtime import profiles
 from edgespec.runtime.llama import Model
 
 ROWS = [1, 2, 4, 8]
@@ -33,23 +33,23 @@ def test_an_interrupted_profile_resumes_from_what_it_saved(fresh_model):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        costs.profile(model, ROWS, progress=ctrl_c_in_the_second_timed_round)
+        profiles.profile(model, ROWS, progress=ctrl_c_in_the_second_timed_round)
     assert seen[0] == 0 and seen == sorted(seen)
-    stored = json.loads(costs.profile_path(model).read_text())
+    stored = json.loads(profiles.profile_path(model).read_text())
     assert stored["pass_s"] == {}  # nothing finished ...
     assert {int(k): len(v) for k, v in stored["partial"].items()} == {k: 1 for k in ROWS}  # ... one round kept
 
     resumed: list[float] = []
-    prof = costs.profile(model, ROWS, progress=resumed.append)
+    prof = profiles.profile(model, ROWS, progress=resumed.append)
     # the saved round counts as done (a quarter of the work by rows: 15 of 60), and only a warm-up
     # and the two missing timed rounds run: 3 passes per row count instead of 4
     assert resumed[0] == pytest.approx(0.25) and resumed[-1] == pytest.approx(1.0)
     assert len(resumed) == 1 + 3 * len(ROWS)
     assert set(prof.pass_s) == set(ROWS) and all(t > 0 for t in prof.pass_s.values())
-    stored = json.loads(costs.profile_path(model).read_text())
+    stored = json.loads(profiles.profile_path(model).read_text())
     assert set(stored["pass_s"]) == {str(k) for k in ROWS} and not stored["partial"]
     again: list[float] = []
-    costs.profile(model, ROWS, progress=again.append)
+    profiles.profile(model, ROWS, progress=again.append)
     assert again == []  # measured and stored: progress is only reported while measuring
 
 
@@ -58,8 +58,8 @@ def test_saved_samples_count_and_the_fastest_is_kept(fresh_model):
     repeats: a (made-up) saved sample of 1 ns stays the first of the three and is the result; a huge
     one (a stalled pass) is not."""
     samples = {1: [1e-9]}
-    got = costs.measure_pass_costs(fresh_model, [1], repeats=3, samples=samples)
+    got = profiles.measure_pass_costs(fresh_model, [1], repeats=3, samples=samples)
     assert samples[1][0] == 1e-9 and len(samples[1]) == 3 and got[1] == 1e-9
     samples = {1: [1000.0]}
-    got = costs.measure_pass_costs(fresh_model, [1], repeats=3, samples=samples)
+    got = profiles.measure_pass_costs(fresh_model, [1], repeats=3, samples=samples)
     assert got[1] == min(samples[1][1:]) < 1000.0

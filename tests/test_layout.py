@@ -181,7 +181,7 @@ def test_cycle_finder_finds_a_cycle_and_resolves_imports(tmp_path):
     # function-level imports count (session imports nothing lazily, but the bench's Runner does).
     assert "edgespec.runtime.llama" in imports_of("edgespec.service.session", modules["edgespec.service.session"], modules)
     assert "edgespec.service.session" in import_graph()["edgespec.service.bench.runner"]
-    assert "edgespec.core.costs" in import_graph()["edgespec.service.bench.runner"]  # imported inside Runner.__init__
+    assert "edgespec.runtime.profiles" in import_graph()["edgespec.service.bench.runner"]  # imported inside Runner.__init__
 
 
 def test_no_import_cycles():

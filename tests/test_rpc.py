@@ -17,11 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from edgespec.core import costs
 from edgespec.core.drafters.ngram import NgramDrafter
 from edgespec.core.engine import Engine, FixedGamma, GenerationConfig
 from edgespec.models.loader import RuntimeOptions
-from edgespec.runtime import backend, rpc
+from edgespec.runtime import backend, profiles, rpc
 from edgespec.runtime.errors import EdgeSpecError
 from edgespec.runtime.llama import Model
 from edgespec.service.session import Reply, Request, Session
@@ -128,7 +127,7 @@ def test_the_cost_profile_of_an_rpc_target_is_its_own(smollm2_path, servers):
     try:
         assert (local.target.n_threads, local.target.flash_attn) == (remote.target.n_threads, remote.target.flash_attn)
         # T(K) over the network includes round trips: a local profile must not stand in for it
-        assert costs.profile_path(remote.target) != costs.profile_path(local.target)
+        assert profiles.profile_path(remote.target) != profiles.profile_path(local.target)
     finally:
         remote.close()
         local.close()

@@ -384,7 +384,7 @@ def test_the_bench_gives_a_configuration_that_drafted_nothing_1x():
 def test_an_unwritable_profile_folder_is_said_once_and_not_measured_again_in_the_process(smollm2_path, tmp_path,
                                                                                          monkeypatch, capsys):
     from edgespec.apps.cli import profile_progress
-    from edgespec.core import costs
+    from edgespec.runtime import profiles
     from edgespec.runtime.llama import Model
 
     blocked = tmp_path / "a-file"
@@ -400,7 +400,7 @@ def test_an_unwritable_profile_folder_is_said_once_and_not_measured_again_in_the
         calls: list[float] = []
         model = Model(smollm2_path, n_ctx=1024, flash_attn="off")
         try:
-            costs.profile(model, rows=[1, 2], progress=calls.append)
+            profiles.profile(model, rows=[1, 2], progress=calls.append)
         finally:
             model.close()
         measured.append(bool(calls))

@@ -265,7 +265,7 @@ def context_note(model) -> None:
 def profile_progress(model_path: str) -> Callable[[float], None]:
     """What the terminal shows while a cost profile is measured (the first use of a model with a
     set-up takes seconds to minutes before any text): a line on stderr, counting up on a terminal."""
-    from edgespec.core.costs import unwritable
+    from edgespec.runtime.profiles import unwritable
 
     tty = sys.stderr.isatty()
     why = unwritable()

@@ -9,61 +9,28 @@ read it; nothing else measures or extrapolates T(K).
     S      E / (gamma c + T(gamma+1)/T(1))   (`CostModel.speedup`; Theorem 3.8 with the verification
            cost made explicit: the paper's idealised T(gamma+1) = T(1) is `CostModel.flat`)
 
-T(K) comes from a stored profile, measured the first time a model runs with a given set-up and
-kept under ~/.cache/edgespec/profiles. A profile measured afresh in every process would differ a
-little from run to run, and gamma auto's draft lengths with it; stored, the same command gives the
-same text. The key holds everything the costs depend on: the weights file, threads, flash
-attention, weight repacking, the llama.cpp build, the CPU kernel variant and the processor, so a
-profile measured on one CPU is never used on another.
-
-A profile measured while something else loaded the machine is wrong for as long as it is kept, so
-it is checked against the single-token passes every generation times anyway (`check_t1`), and
-measured again when stored T(1) is clearly slower than what the machine does now.
-
-In exact mode the profile also holds how many rows a pass may have and still give bit-identical
-logits to single-token decoding (`max_rows`, probed on a real text); drafts are capped to that.
+T(K) comes from the stored profile of the target (`edgespec.runtime.profiles`: measured the first
+time a model runs with a given set-up, kept on disk, and in exact mode capped to the rows proven
+batch-invariant). A profile measured while something else loaded the machine is checked against
+the single-token passes every generation times anyway (`check_t1`), and measured again when
+stored T(1) is clearly slower than what the machine does now.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import tempfile
-import time
-import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from edgespec.runtime import llama as runtime
 from edgespec.runtime.llama import Model
+from edgespec.runtime.profiles import GAMMA_MAX, K_MAX, forget, profile, profile_rows
 
-K_MAX = 17  # rows profiled one by one: a draft of up to 16 tokens plus the last committed token
-# Longer passes, profiled at these row counts only (linear in between): a copy that keeps being
-# accepted is drafted as long as the stored curve pays for, up to GAMMA_MAX tokens. Multiples of 8:
-# where the CPU kernels are cheapest per row on the machines measured (the AMD EPYC's T(K) steps
-# down at every multiple of 8, Gemma-3-270M: T(16) 100 ms, T(17) 121 ms, T(64) 363 ms, T(65) 413 ms).
-LONG_ROWS = (24, 32, 48, 64)
-GAMMA_MAX = LONG_ROWS[-1] - 1
-CONTEXT_AT = 512  # tokens of context before the profiled passes (prompt + output of a typical request)
-PROFILE_VERSION = 3  # how profiles are measured; stored profiles of other versions are measured again
 STALE_FACTOR = 1.6  # stored T(1) this much slower than observed single-token passes: re-measure (the profile is
 # timed after CONTEXT_AT tokens, so short chats see single-token passes up to ~1.3x cheaper; a loaded
 # machine is ~2x slower)
 MIN_OBSERVED = 8  # single-token passes needed before a profile is judged
-# A real paragraph for the batch-invariance probe (positions in real text, not a repeated phrase).
-PROBE_TEXT = (
-    "The lighthouse keeper climbed the spiral stairs every evening at dusk, counting the steps out of "
-    "habit rather than need. At the top he trimmed the wick, polished the great lens with a soft cloth, "
-    "and wrote the weather in a ledger that nobody had read for thirty years. Ships no longer relied on "
-    "his light; satellites told them where the rocks were. Still, on foggy nights, a fishing boat would "
-    "sometimes sound its horn as it passed, two short blasts and a long one, and he liked to think it was "
-    "a greeting. In the winter the storms came from the north-west and the spray reached the gallery "
-    "windows, leaving salt crusted on the glass that took him a whole morning to scrub away."
-)
 
 
 def expected_tokens(alpha: float | Sequence[float], gamma: int) -> float:
@@ -80,234 +47,6 @@ def expected_tokens(alpha: float | Sequence[float], gamma: int) -> float:
         p *= a
         total += p
     return total
-
-
-def profile_dir() -> Path:
-    """EDGESPEC_PROFILES, else EDGESPEC_CACHE/profiles, else ~/.cache/edgespec/profiles."""
-    if os.environ.get("EDGESPEC_PROFILES"):
-        return Path(os.environ["EDGESPEC_PROFILES"])
-    return Path(os.environ.get("EDGESPEC_CACHE", Path.home() / ".cache" / "edgespec")) / "profiles"
-
-
-def measure_pass_costs(model: Model, rows: Sequence[int], repeats: int = 3, at: int = CONTEXT_AT,
-                       samples: dict[int, list[float]] | None = None, save: Callable[[], None] | None = None,
-                       progress: Callable[[float], None] | None = None) -> dict[int, float]:
-    """Seconds of one pass over K rows (logits on every row), for K in `rows`, with `at`
-    tokens of context before them, where real steps run (a pass attends to everything before it:
-    timed from position 0, T(K) came out lower than in generation).
-
-    The cache is left as it was found: filler is appended after whatever it holds (a conversation
-    whose prefix the next turn reuses) up to `at` tokens in all, and cut back afterwards. Only when
-    not even the passes fit behind it is the cache cleared. Row counts are interleaved across repeats
-    so that machine noise hits them alike.
-
-    The fastest of the repeats is kept: these VMs stall a pass now and then (never speed one up),
-    and a stall in T(1) alone would make every T(K)/T(1) look flatter than it is, so that gamma auto
-    drafts where it does not pay.
-
-    Resuming: `samples` {K: seconds of each timed pass} holds what an interrupted measurement timed
-    (kept in the stored profile); it is extended in place after every round over the row counts,
-    `save()` is called then, and only the rounds missing are measured (after the warm-up round, which
-    is never kept). progress(fraction) follows the work, weighted by rows (a pass costs about its
-    rows), the saved samples counted as done.
-    """
-    samples = {} if samples is None else samples
-    for k in rows:
-        samples.setdefault(k, [])
-        del samples[k][repeats:]
-    rounds = [todo for r in range(1, repeats + 1) if (todo := [k for k in rows if len(samples[k]) < r])]
-    if not rounds:
-        return {k: float(np.min(samples[k])) for k in rows}
-    rounds.insert(0, list(rows))  # a warm-up round first, not kept
-    saved = sum(k * len(samples[k]) for k in rows)
-    total = saved + sum(sum(r) for r in rounds)
-    done = saved
-    if progress is not None:
-        progress(done / total)
-    k_max = max(rows)
-    at = min(at, model.n_ctx - k_max - 1)
-    start = model.n_past
-    if start + k_max >= model.n_ctx:
-        model.reset()
-        start = 0
-    at = max(at, start)  # a cache longer than `at` is kept: the passes then follow all of it
-    filler = model.tokenize(PROBE_TEXT, add_special=True)
-    filler = filler * (1 + (at - start + k_max) // len(filler))
-    if at > start:
-        model.decode(filler[: at - start], n_logits=0)
-    passes = filler[at - start : at - start + k_max]
-    for i, round_rows in enumerate(rounds):
-        for k in round_rows:
-            model.truncate(at)
-            t = time.perf_counter()
-            model.decode(passes[:k], n_logits=k)
-            if i:  # the first round warms caches
-                samples[k].append(time.perf_counter() - t)
-            done += k
-            if progress is not None:
-                progress(done / total)
-        if i and save is not None:
-            save()
-    model.truncate(start)
-    return {k: float(np.min(samples[k])) for k in rows}
-
-
-def probe_batch_invariance(model: Model, max_rows: int = K_MAX, contexts: Sequence[int] = (24, 96),
-                           progress: Callable[[float], None] | None = None) -> int:
-    """Largest K such that passes of 2..K rows give logits bit-identical to decoding the same
-    tokens one at a time (1 if not even 2 rows do), after `contexts` tokens of real text.
-    progress(fraction) after each context."""
-    toks = model.tokenize(PROBE_TEXT, add_special=True)
-    best = max_rows
-    for i, n_ctx in enumerate(contexts):
-        if progress is not None:
-            progress(i / len(contexts))
-        n_ctx = min(n_ctx, len(toks) - max_rows)
-        model.reset()
-        model.decode(toks[:n_ctx], n_logits=0)
-        singles = np.stack([np.array(model.decode([toks[n_ctx + i]], n_logits=1)[0]) for i in range(max_rows)])
-        for k in range(2, best + 1):
-            model.truncate(n_ctx)
-            if not np.array_equal(model.decode(toks[n_ctx : n_ctx + k], n_logits=k), singles[:k]):
-                best = k - 1
-                break
-    model.reset()
-    if progress is not None:
-        progress(1.0)
-    return best
-
-
-def _key(model: Model) -> str:
-    """What the costs depend on: the weights file, how it is run, the build, the kernels and the CPU."""
-    st = os.stat(model.path)
-    be = runtime.backend_info()
-    parts = [
-        os.path.realpath(model.path), st.st_size, st.st_mtime_ns,
-        model.n_threads, model.flash_attn, model.repack,
-        getattr(runtime.lib(), "__version__", ""), be.mode, be.variant, be.module, be.cpu.signature,
-        sorted(os.sched_getaffinity(0)), PROFILE_VERSION, CONTEXT_AT,
-    ]
-    if model.rpc_servers:  # the passes run there: T(K) includes the network round trips
-        parts.append(list(model.rpc_servers))
-    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
-
-
-def profile_path(model: Model) -> Path:
-    return profile_dir() / f"{Path(model.path).stem}-{_key(model)}.json"
-
-
-@dataclass
-class Profile:
-    """What is stored for one model and set-up."""
-
-    pass_s: dict[int, float] = field(default_factory=dict)
-    max_rows: int | None = None  # exact mode: rows proven batch-invariant; None when not probed
-    # Seconds of the passes an interrupted measurement timed, by row count: the next one resumes
-    # from them (measure_pass_costs) instead of starting again.
-    partial: dict[int, list[float]] = field(default_factory=dict)
-
-    @classmethod
-    def read(cls, path: Path) -> Profile | None:
-        if os.environ.get("EDGESPEC_RECALIBRATE") == "1":
-            return None
-        try:
-            data = json.loads(path.read_text())
-            if data.get("stale"):
-                return None
-            mr = data.get("max_rows")
-            partial = {int(k): [float(t) for t in v] for k, v in (data.get("partial") or {}).items()}
-            return cls({int(k): float(v) for k, v in data["pass_s"].items()}, None if mr is None else int(mr), partial)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            return None  # missing or unreadable: measure again
-
-    def write(self, path: Path, model: Model) -> bool:
-        """Store the profile at `path`; False when it cannot be written (a read-only cache)."""
-        be = runtime.backend_info()
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({
-                "model": model.path, "threads": model.n_threads, "flash_attn": model.flash_attn,
-                "repack": model.repack, "mode": be.mode, "cpu_variant": be.variant, "cpu": be.cpu.model,
-                "measured": time.strftime("%Y-%m-%d %H:%M:%S"), "max_rows": self.max_rows,
-                "pass_s": {str(k): v for k, v in sorted(self.pass_s.items())},
-                "partial": {str(k): v for k, v in sorted(self.partial.items()) if v},
-            }, indent=1))
-            tmp.replace(path)
-        except OSError:
-            return False  # a read-only cache costs a re-measurement in the next process (`unwritable` says so)
-        return True
-
-
-# model -> its profile, so a process reads or measures it once per model (weak: a closed model's
-# entry goes with it, and a new model never inherits it)
-_loaded: weakref.WeakKeyDictionary[Model, Profile] = weakref.WeakKeyDictionary()
-# profile path -> what this process measured and could not store (an unwritable cache): a model
-# loaded again with the same set-up (the UI's pool, the bench) is not measured again
-_unstored: dict[Path, Profile] = {}
-
-
-def unwritable() -> str | None:
-    """Why profiles cannot be stored in profile_dir(), or None when they can: a profile measured
-    while it is unwritable is lost when the process ends."""
-    folder = profile_dir()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=folder).close()
-    except OSError as exc:
-        return f"{folder} cannot be written ({exc.strerror or exc})"
-    return None
-
-
-def profile_rows(max_rows: int = GAMMA_MAX + 1) -> list[int]:
-    """The row counts a profile holds up to `max_rows`: every one to K_MAX, then LONG_ROWS."""
-    return list(range(1, min(K_MAX, max_rows) + 1)) + [k for k in LONG_ROWS if K_MAX < k <= max_rows]
-
-
-def profile(model: Model, rows: Sequence[int] | None = None,
-            progress: Callable[[float], None] | None = None) -> Profile:
-    """The stored profile of `model` with T(K) for every K in `rows` (measured and stored if missing;
-    in exact mode the batch-invariance probe too). Measuring takes seconds to minutes, so
-    progress(fraction) is called while it runs (only then); what was timed is saved as it goes, and
-    a measurement that was interrupted resumes from it."""
-    rows = profile_rows() if rows is None else rows
-    prof = _loaded.get(model)
-    path = profile_path(model)
-    if prof is None:
-        prof = Profile.read(path) or _unstored.get(path) or Profile()
-    missing = sorted(set(rows) - set(prof.pass_s))
-    probe = runtime.mode() == "exact" and prof.max_rows is None
-    if missing or probe:
-        # the two parts' shares of the progress, by the rows they decode (about what they cost)
-        share = 4 * sum(missing) / (4 * sum(missing) + (K_MAX * K_MAX if probe else 0))
-
-        def part(lo: float, width: float) -> Callable[[float], None] | None:
-            return None if progress is None else lambda f: progress(lo + width * f)
-
-        if missing:
-            prof.pass_s.update(measure_pass_costs(model, missing, samples=prof.partial,
-                                                  save=lambda: prof.write(path, model), progress=part(0.0, share)))
-            for k in missing:
-                prof.partial.pop(k, None)
-        if probe:
-            prof.max_rows = probe_batch_invariance(model, progress=part(share, 1.0 - share))
-        if not prof.write(path, model):
-            _unstored[path] = prof
-    _loaded[model] = prof
-    return prof
-
-
-def forget(model: Model) -> None:
-    """Mark the stored profile stale: the next use measures it again."""
-    _loaded.pop(model, None)
-    path = profile_path(model)
-    _unstored.pop(path, None)
-    try:
-        data = json.loads(path.read_text())
-        data["stale"] = True
-        path.write_text(json.dumps(data, indent=1))
-    except (OSError, ValueError):
-        pass
 
 
 class CostModel:

@@ -218,6 +218,27 @@ class Model:
         p = check_gguf_file(path)
         llama = lib()
         self.path = str(p)
+        self._load_weights(llama, p, repack, devices, progress)
+        n_threads = n_threads or max(1, len(os.sched_getaffinity(0)))
+        flash_attn = resolve_flash_attn(flash_attn, bool(devices))
+        self._create_context(llama, p, n_ctx, n_batch, n_threads, flash_attn)
+        self.n_ctx = llama.llama_n_ctx(self._ctx)
+        # llama.cpp may shrink the batch (never above the requested context); decode must not exceed it.
+        self.n_batch = min(n_batch, llama.llama_n_batch(self._ctx), llama.llama_n_ubatch(self._ctx))
+        self.n_threads = n_threads
+        self.flash_attn = flash_attn
+        self.repack = repack
+        self._mem = llama.llama_get_memory(self._ctx)
+        self._init_batch(llama, n_batch)
+        self._cached: list[int] = []  # the tokens whose K/V are in the cache, by position
+        self._pieces: dict[int, bytes] = {}
+        self.n_embd = llama.llama_model_n_embd(self._model)
+        self._embeddings_on = False
+
+    def _load_weights(self, llama: ModuleType, p: Path, repack: bool, devices: Sequence[int],
+                      progress: Callable[[float], None] | None) -> None:
+        """Load the GGUF file into `_model` (and its vocabulary): on this machine's CPU unless
+        EDGESPEC_GPU_LAYERS says otherwise, or every layer on `devices`. Ctrl-C aborts the load."""
         mparams = llama.llama_model_default_params()
         mparams.n_gpu_layers = int(os.environ.get("EDGESPEC_GPU_LAYERS", "0"))
         # Repacked (interleaved) weight layouts use other kernels; exact mode turns them off.
@@ -251,7 +272,9 @@ class Model:
         self._vocab = llama.llama_model_get_vocab(self._model)
         self.n_vocab = llama.llama_vocab_n_tokens(self._vocab)
 
-        n_threads = n_threads or max(1, len(os.sched_getaffinity(0)))
+    def _create_context(self, llama: ModuleType, p: Path, n_ctx: int, n_batch: int, n_threads: int,
+                        flash_attn: FlashAttn) -> None:
+        """The model's one context (`_ctx`, its KV cache); the model is freed if it cannot be made."""
         cparams = llama.llama_context_default_params()
         cparams.n_ctx = n_ctx
         cparams.n_batch = n_batch
@@ -259,7 +282,6 @@ class Model:
         cparams.n_seq_max = 1
         cparams.n_threads = n_threads
         cparams.n_threads_batch = n_threads
-        flash_attn = resolve_flash_attn(flash_attn, bool(devices))
         cparams.flash_attn_type = _FLASH[flash_attn]
         # Per-token hidden states (for learned drafters) are switched on per decode call
         # (`decode(..., hidden=True)`); with no pooling they are the final norm's output rows.
@@ -275,13 +297,9 @@ class Model:
             # Nearly always the KV cache not fitting in memory: say which knob to turn.
             raise EdgeSpecError(f"llama.cpp could not create a {n_ctx}-token context for {p.name} ({error}); "
                                 f"lower --ctx (the model was trained for {n_ctx_train} tokens)")
-        self.n_ctx = llama.llama_n_ctx(self._ctx)
-        # llama.cpp may shrink the batch (never above the requested context); decode must not exceed it.
-        self.n_batch = min(n_batch, llama.llama_n_batch(self._ctx), llama.llama_n_ubatch(self._ctx))
-        self.n_threads = n_threads
-        self.flash_attn = flash_attn
-        self.repack = repack
-        self._mem = llama.llama_get_memory(self._ctx)
+
+    def _init_batch(self, llama: ModuleType, n_batch: int) -> None:
+        """The one llama_batch every decode fills, all rows on sequence 0."""
         self._batch = llama.llama_batch_init(n_batch, 0, 1)
         # numpy views over the batch arrays: filling them is a slice assignment, not a Python loop.
         self._b_token = np.ctypeslib.as_array(self._batch.token, shape=(n_batch,))
@@ -290,10 +308,6 @@ class Model:
         np.ctypeslib.as_array(self._batch.n_seq_id, shape=(n_batch,))[:] = 1
         for i in range(n_batch):
             self._batch.seq_id[i][0] = 0
-        self._cached: list[int] = []  # the tokens whose K/V are in the cache, by position
-        self._pieces: dict[int, bytes] = {}
-        self.n_embd = llama.llama_model_n_embd(self._model)
-        self._embeddings_on = False
 
     # ----------------------------------------------------------------------------- metadata
     @cached_property

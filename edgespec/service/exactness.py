@@ -4,6 +4,10 @@ llama.cpp's CPU kernels can give a token decoded alone slightly different logits
 token decoded inside a batch (README, "Exactness"). When the target's two best logits are that
 close, the argmax can flip. `explain_divergence` locates the first differing token of two greedy
 runs and measures the target's top-2 logit gap there, on the plain single-token path.
+
+Exact mode's batch-invariance probe (how many rows a pass may have and still match single-token
+decoding) is `edgespec.runtime.profiles.probe_batch_invariance`: the cost profile stores its
+answer and the cost model below this layer reads it, so it lives with the profile.
 """
 
 from __future__ import annotations

@@ -7,14 +7,15 @@ last, whose KV cache still holds the conversation, so a turn prefills only itsel
 
 import html
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
+from types import SimpleNamespace
 from typing import Any
 
 import gradio as gr
 
 from edgespec.apps.ui import render
-from edgespec.apps.ui.context import AppContext, default_kind, drafter_choices, drafter_help, drafter_spec
+from edgespec.apps.ui.context import AppContext, Defaults, default_kind, drafter_choices, drafter_help, drafter_spec
 from edgespec.apps.ui.live import Tracker, stream
 from edgespec.core.sampling import SamplingParams
 from edgespec.runtime.errors import EdgeSpecError, one_line
@@ -67,48 +68,94 @@ def details(tr: Tracker) -> dict[str, Any]:
 def build_chat_tab(ctx: AppContext, target: gr.Dropdown, draft_model: gr.Dropdown) -> None:
     """Chat components inside the current Tab; `target` and `draft_model` live in the Models tab."""
     d = ctx.defaults
+    w = _components(d)
+    send_fn, regen_fn, stop_fn = _handlers(ctx)
+    settings = [w.system, w.kind, w.gamma, w.max_tokens, w.temperature, w.top_k, w.top_p, w.min_p, w.seed,
+                w.highlight, target, draft_model]
+    outs = [w.chatbot, w.turns, w.reply_data, w.live, w.steps_plot, w.speed_plot, w.error]
+    gen_opts = dict(concurrency_limit=8, concurrency_id="generate", show_progress="hidden")
+    w.msg.submit(send_fn, [w.msg, w.turns, *settings], [w.msg, *outs], api_visibility="private", **gen_opts)
+    w.send.click(send_fn, [w.msg, w.turns, *settings], [w.msg, *outs], api_name="chat", **gen_opts)
+    w.regen.click(regen_fn, [w.turns, *settings], outs, api_name="regenerate", **gen_opts)
+    w.stop.click(stop_fn, None, w.error, api_name="stop", concurrency_limit=None, queue=False)
+    w.clear.click(_clear, None, outs, api_name="clear", queue=False)
+    w.highlight.change(chat_messages, [w.turns, w.highlight], w.chatbot, api_visibility="private", queue=False)
+    target.change(lambda t: _target_line((t or d.target).strip()), target, w.target_line, api_visibility="private",
+                  queue=False)
+
+
+def _components(d: Defaults) -> SimpleNamespace:
+    """The tab's components, laid out: the conversation on the left, sampling and drafting settings
+    and the live stats on the right, the last reply as data below."""
     choices = drafter_choices()
     kind0 = default_kind(d.draft)
-    turns = gr.State([])
+    w = SimpleNamespace(turns=gr.State([]))
     with gr.Row():
         with gr.Column(scale=3):
-            target_line = gr.Markdown(_target_line(d.target), elem_id="es-chat-target")
+            w.target_line = gr.Markdown(_target_line(d.target), elem_id="es-chat-target")
             gr.HTML(render.LEGEND)
-            highlight = gr.Checkbox(value=True, label="Highlight token sources (off: plain Markdown)")
-            chatbot = gr.Chatbot(height=460, label="Chat", elem_id="es-chatbot", buttons=["copy"])
-            error = gr.Markdown("", elem_classes="es-error", elem_id="es-chat-error")
-            msg = gr.Textbox(placeholder="Message (Enter sends)", show_label=False, elem_id="es-msg")
+            w.highlight = gr.Checkbox(value=True, label="Highlight token sources (off: plain Markdown)")
+            w.chatbot = gr.Chatbot(height=460, label="Chat", elem_id="es-chatbot", buttons=["copy"])
+            w.error = gr.Markdown("", elem_classes="es-error", elem_id="es-chat-error")
+            w.msg = gr.Textbox(placeholder="Message (Enter sends)", show_label=False, elem_id="es-msg")
             with gr.Row():
-                send = gr.Button("Send", variant="primary", elem_id="es-send")
-                stop = gr.Button("Stop", variant="stop", elem_id="es-stop")
-                regen = gr.Button("Regenerate")
-                clear = gr.Button("Clear")
-            system = gr.Textbox(d.system, label="System prompt", lines=2)
+                w.send = gr.Button("Send", variant="primary", elem_id="es-send")
+                w.stop = gr.Button("Stop", variant="stop", elem_id="es-stop")
+                w.regen = gr.Button("Regenerate")
+                w.clear = gr.Button("Clear")
+            w.system = gr.Textbox(d.system, label="System prompt", lines=2)
         with gr.Column(scale=2):
             with gr.Accordion("Sampling and drafting", open=True):
-                kind = gr.Radio(choices, value=kind0 if kind0 in [v for _, v in choices] else "none",
-                                label="Drafter", info=drafter_help(), elem_id="es-drafter")
-                gamma = gr.Textbox(d.gamma, label="gamma (draft length): a number, or auto")
-                max_tokens = gr.Slider(1, 4096, value=d.max_tokens, step=1, label="max tokens")
-                temperature = gr.Slider(0.0, 2.0, value=d.temperature, step=0.05, label="temperature (0 = greedy)")
-                top_k = gr.Number(d.top_k, precision=0, label="top-k (0 = off)")
-                top_p = gr.Slider(0.01, 1.0, value=d.top_p, step=0.01, label="top-p")
-                min_p = gr.Slider(0.0, 0.99, value=d.min_p, step=0.01, label="min-p")
-                seed = gr.Number(-1 if d.seed is None else d.seed, precision=0, label="seed (-1 = random)")
+                w.kind = gr.Radio(choices, value=kind0 if kind0 in [v for _, v in choices] else "none",
+                                  label="Drafter", info=drafter_help(), elem_id="es-drafter")
+                w.gamma = gr.Textbox(d.gamma, label="gamma (draft length): a number, or auto")
+                w.max_tokens = gr.Slider(1, 4096, value=d.max_tokens, step=1, label="max tokens")
+                w.temperature = gr.Slider(0.0, 2.0, value=d.temperature, step=0.05, label="temperature (0 = greedy)")
+                w.top_k = gr.Number(d.top_k, precision=0, label="top-k (0 = off)")
+                w.top_p = gr.Slider(0.01, 1.0, value=d.top_p, step=0.01, label="top-p")
+                w.min_p = gr.Slider(0.0, 0.99, value=d.min_p, step=0.01, label="min-p")
+                w.seed = gr.Number(-1 if d.seed is None else d.seed, precision=0, label="seed (-1 = random)")
             gr.Markdown("### Live stats")
-            live = gr.Markdown("No steps yet.", elem_id="es-live")
+            w.live = gr.Markdown("No steps yet.", elem_id="es-live")
             gr.HTML(render.plot_legend(render.STEP_COLORS))
-            steps_plot = gr.LinePlot(
+            w.steps_plot = gr.LinePlot(
                 None, x="step", y="value", color="series", color_map=render.STEP_COLORS, height=200,
                 label="per target call", x_title="target call", y_title="", elem_id="es-steps-plot",
             )
             gr.HTML(render.plot_legend(render.SPEED_COLORS))
-            speed_plot = gr.LinePlot(
+            w.speed_plot = gr.LinePlot(
                 None, x="step", y="speedup", color="series", color_map=render.SPEED_COLORS, height=200,
                 label="speedup vs plain decoding", x_title="target call", y_title="x", elem_id="es-speed-plot",
             )
     with gr.Accordion("Last reply as data (tokens and their sources)", open=False):
-        reply_data = gr.JSON(label="segments [text, source] per token, stats")
+        w.reply_data = gr.JSON(label="segments [text, source] per token, stats")
+    return w
+
+
+def _request(
+    turns_: list[dict], system_: str, kind_: str, gamma_: str, max_tokens_: float, temperature_: float,
+    top_k_: float, top_p_: float, min_p_: float, seed_: float, draft_: str, ngram: tuple[int, int],
+) -> Request:
+    """The Request for the last turn from the settings as the browser sent them (raises on bad ones)."""
+    sampling = SamplingParams(
+        float(temperature_), int(top_k_ or 0), float(top_p_), float(min_p_),
+        None if seed_ is None or int(seed_) < 0 else int(seed_),
+    )
+    return Request(
+        messages=conversation(turns_),
+        system=(system_ or "").strip() or None,
+        draft=drafter_spec(kind_, draft_),
+        gamma=(gamma_ or "auto").strip(),
+        ngram=ngram,
+        max_tokens=int(max_tokens_),
+        sampling=sampling,
+    )
+
+
+def _handlers(ctx: AppContext) -> tuple[Callable[..., Iterator[tuple]], Callable[..., Iterator[tuple]],
+                                        Callable[[gr.Request], str]]:
+    """The Send, Regenerate and Stop handlers (Gradio passes each input in order, then the request)."""
+    d = ctx.defaults
 
     def run(
         turns_: list[dict], system_: str, kind_: str, gamma_: str, max_tokens_: float,
@@ -118,19 +165,8 @@ def build_chat_tab(ctx: AppContext, target: gr.Dropdown, draft_model: gr.Dropdow
         turn = turns_[-1]
         tr = Tracker()
         try:
-            sampling = SamplingParams(
-                float(temperature_), int(top_k_ or 0), float(top_p_), float(min_p_),
-                None if seed_ is None or int(seed_) < 0 else int(seed_),
-            )
-            req = Request(
-                messages=conversation(turns_),
-                system=(system_ or "").strip() or None,
-                draft=drafter_spec(kind_, draft_),
-                gamma=(gamma_ or "auto").strip(),
-                ngram=d.ngram,
-                max_tokens=int(max_tokens_),
-                sampling=sampling,
-            )
+            req = _request(turns_, system_, kind_, gamma_, max_tokens_, temperature_, top_k_, top_p_, min_p_, seed_,
+                           draft_, d.ngram)
         except (EdgeSpecError, TypeError, ValueError) as exc:
             tr.error = one_line(exc, typed=True)
             turns_.pop()
@@ -148,13 +184,6 @@ def build_chat_tab(ctx: AppContext, target: gr.Dropdown, draft_model: gr.Dropdow
                 # the history, or every later turn would fail the same way.
                 turns_.pop()
             yield _outputs(turns_, tr, highlight_)
-
-    def _outputs(turns_: list[dict], tr: Tracker, highlight_: bool) -> tuple:
-        err = f"error: {tr.error}" if tr.error else ""
-        return (
-            chat_messages(turns_, highlight_), turns_, details(tr), render.live_summary(tr),
-            render.steps_frame(tr), render.speedup_frame(tr), err,
-        )
 
     def send_fn(
         message: str, turns_: list[dict], system_: str, kind_: str, gamma_: str, max_tokens_: float,
@@ -189,20 +218,19 @@ def build_chat_tab(ctx: AppContext, target: gr.Dropdown, draft_model: gr.Dropdow
         ctx.stop(request.session_hash or "", "chat")
         return ""
 
-    def clear_fn() -> tuple:
-        return [], [], None, "No steps yet.", None, None, ""
+    return send_fn, regen_fn, stop_fn
 
-    settings = [system, kind, gamma, max_tokens, temperature, top_k, top_p, min_p, seed, highlight, target, draft_model]
-    outs = [chatbot, turns, reply_data, live, steps_plot, speed_plot, error]
-    gen_opts = dict(concurrency_limit=8, concurrency_id="generate", show_progress="hidden")
-    msg.submit(send_fn, [msg, turns, *settings], [msg, *outs], api_visibility="private", **gen_opts)
-    send.click(send_fn, [msg, turns, *settings], [msg, *outs], api_name="chat", **gen_opts)
-    regen.click(regen_fn, [turns, *settings], outs, api_name="regenerate", **gen_opts)
-    stop.click(stop_fn, None, error, api_name="stop", concurrency_limit=None, queue=False)
-    clear.click(clear_fn, None, outs, api_name="clear", queue=False)
-    highlight.change(chat_messages, [turns, highlight], chatbot, api_visibility="private", queue=False)
-    target.change(lambda t: _target_line((t or d.target).strip()), target, target_line, api_visibility="private",
-                  queue=False)
+
+def _outputs(turns_: list[dict], tr: Tracker, highlight_: bool) -> tuple:
+    err = f"error: {tr.error}" if tr.error else ""
+    return (
+        chat_messages(turns_, highlight_), turns_, details(tr), render.live_summary(tr),
+        render.steps_frame(tr), render.speedup_frame(tr), err,
+    )
+
+
+def _clear() -> tuple:
+    return [], [], None, "No steps yet.", None, None, ""
 
 
 def _target_line(target: str) -> str:

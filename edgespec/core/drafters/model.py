@@ -19,11 +19,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edgespec.core import costs
 from edgespec.core.drafters import Draft, DraftContext, Hint, register
 from edgespec.core.sampling import DRAFT, Noise, SamplingParams, process, sample
 from edgespec.models.loader import load_model
 from edgespec.models.pairing import check_compatible, size_warning
+from edgespec.runtime import profiles
 from edgespec.runtime.llama import Model
 
 
@@ -76,7 +76,7 @@ class ModelDrafter:
         self._sync(context)
 
     def draft_cost_s(self) -> float:
-        return costs.profile(self.draft, [1]).pass_s[1]
+        return profiles.profile(self.draft, [1]).pass_s[1]
 
     def propose(self, context: Sequence[int], gamma: int) -> Draft:
         if gamma <= 0:

@@ -1,8 +1,8 @@
 """Benchmark outputs: results.json, report.md (tables per category, Spec-Bench leaderboard style)
 and plots (speedup per category, measured vs predicted speedup, T(K)/T(1) cost curve).
 
-T(K) in a report is the machine's stored cost profile (`edgespec.core.costs`), the one gamma auto planned
-with; `--verify-cost` output is a fresh measurement (`costs.measure_pass_costs`). Acceptance, alpha
+T(K) in a report is the machine's stored cost profile (`edgespec.runtime.profiles`), the one gamma auto planned
+with; `--verify-cost` output is a fresh measurement (`profiles.measure_pass_costs`). Acceptance, alpha
 and the other per-token figures are read from each row's merged `Stats` ("stats", its `to_dict`),
 never recomputed here."""
 

@@ -17,7 +17,7 @@ of its merged Stats (`pooled`); the report reads these and recomputes nothing.
 
 Every generation goes through the session layer (`edgespec.service.session`): one loaded target, one
 `Request` per configuration and prompt, the `Reply` it folds to. The predicted speedup of a run is
-`Reply.predicted_speedup` and the T(K) in the report is the stored cost profile (`edgespec.core.costs`),
+`Reply.predicted_speedup` and the T(K) in the report is the stored cost profile (`edgespec.runtime.profiles`),
 the same numbers gamma auto plans with.
 
 `python app.py bench --verify-cost` measures T(K) afresh, the seconds of one target pass over K
@@ -150,8 +150,9 @@ class Runner:
     configuration of ours; the llama-cpp-python references get their own contexts."""
 
     def __init__(self, s: BenchSettings, log: Callable[[str], None]) -> None:
-        from edgespec.core import costs, drafters
+        from edgespec.core import drafters
         from edgespec.models.loader import RuntimeOptions
+        from edgespec.runtime import profiles
         from edgespec.service.session import Session, frame
 
         self.s = s
@@ -199,12 +200,12 @@ class Runner:
                         max_ngram_size=s.lookup_ngram,
                     )
             fixed = [int(g) for g in s.gammas if g.strip().lower() != "auto"]
-            rows = sorted(set(costs.profile_rows()) | set(range(1, max([0, *fixed]) + 2)))
-            log(f"cost profile T(K) for K = 1..{costs.K_MAX}, {', '.join(str(k) for k in rows if k > costs.K_MAX)} "
+            rows = sorted(set(profiles.profile_rows()) | set(range(1, max([0, *fixed]) + 2)))
+            log(f"cost profile T(K) for K = 1..{profiles.K_MAX}, {', '.join(str(k) for k in rows if k > profiles.K_MAX)} "
                 "(stored; measured on first use)")
-            profile = costs.profile(self.target, rows)
+            profile = profiles.profile(self.target, rows)
             self.costs = {k: profile.pass_s[k] for k in rows}
-            self.cost_profile = str(costs.profile_path(self.target))
+            self.cost_profile = str(profiles.profile_path(self.target))
         except BaseException:
             self.close()
             raise
@@ -227,8 +228,8 @@ class Runner:
     def profile_changed(self) -> bool:
         """Whether the stored profile is no longer the one reported (the session found it stale
         during the run and measured it again): later runs were predicted with other T(K)."""
-        from edgespec.core import costs
-        now = costs.Profile.read(Path(self.cost_profile))
+        from edgespec.runtime import profiles
+        now = profiles.Profile.read(Path(self.cost_profile))
         return now is None or any(now.pass_s.get(k) != v for k, v in self.costs.items())
 
     def frame(self, text: str) -> list[int]:
@@ -498,8 +499,8 @@ def verify_cost(target: str, opts_kw: dict, max_k: int, repeats: int, out_dir: s
     tokens for T(K)/T(1) single-token passes: the cost model's speedup of K-1 drafts,
     `CostModel.speedup(1.0, K-1, c=0)` = K T(1) / T(K); the ceiling is its largest.
     """
-    from edgespec.core.costs import measure_pass_costs
     from edgespec.models.loader import RuntimeOptions, load_model
+    from edgespec.runtime.profiles import measure_pass_costs
 
     if max_k < 2:
         raise EdgeSpecError(f"--max-k must be >= 2, got {max_k}")
