@@ -26,6 +26,7 @@ logits to single-token decoding (`max_rows`, probed on a real text); drafts are 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -38,21 +39,23 @@ from pathlib import Path
 
 import numpy as np
 
+from edgespec.models.inspect import inspect_gguf
 from edgespec.runtime import llama as runtime
-from edgespec.runtime.llama import Model
+from edgespec.runtime.errors import EdgeSpecError
+from edgespec.runtime.llama import Model, parameter_label
 
 K_MAX = 17  # rows profiled one by one: a draft of up to 16 tokens plus the last committed token
 # Longer passes, profiled at these row counts only (linear in between): a copy that keeps being
 # accepted is drafted as long as the stored curve pays for, up to GAMMA_MAX tokens. Multiples of 8:
-# where the CPU kernels are cheapest per row on the machines measured (the AMD EPYC's T(K) steps
-# down at every multiple of 8, Gemma-3-270M: T(16) 100 ms, T(17) 121 ms, T(64) 363 ms, T(65) 413 ms).
+# the CPU kernels work on rows in tiles, so a pass just past a multiple of 8 pays for a tile it
+# barely uses (docs/gamma_auto.md has the measured steps).
 LONG_ROWS = (24, 32, 48, 64)
 GAMMA_MAX = LONG_ROWS[-1] - 1
 CONTEXT_AT = 512  # tokens of context before the profiled passes (prompt + output of a typical request)
 PROFILE_VERSION = 3  # how profiles are measured; stored profiles of other versions are measured again
 STALE_FACTOR = 1.6  # stored T(1) this much slower than observed single-token passes: re-measure (the profile is
-# timed after CONTEXT_AT tokens, so short chats see single-token passes up to ~1.3x cheaper; a loaded
-# machine is ~2x slower)
+# timed after CONTEXT_AT tokens, so short chats see cheaper single-token passes than it; a factor above
+# that gap and below what a loaded machine costs, docs/gamma_auto.md)
 MIN_OBSERVED = 8  # single-token passes needed before a profile is judged
 # A real paragraph for the batch-invariance probe (positions in real text, not a repeated phrase).
 PROBE_TEXT = (
@@ -310,6 +313,32 @@ def forget(model: Model) -> None:
         pass
 
 
+@dataclass(frozen=True)
+class ModelKind:
+    """What a GGUF model is, read from its metadata rather than its file name (a renamed copy is the
+    same kind): what acceptance measured on one model carries over to, gamma auto's prior."""
+
+    architecture: str  # general.architecture, e.g. 'gemma3'
+    size: str  # the parameter count as model names give it (runtime.llama.parameter_label), e.g. '268M'
+    quant: str  # the file type, e.g. 'Q4_K_M'
+
+    @classmethod
+    def of(cls, path: str | os.PathLike) -> ModelKind | None:
+        """The kind of the GGUF file at `path`, None when its header cannot be read."""
+        try:
+            st = os.stat(path)
+            return _kind(os.path.realpath(path), st.st_size, st.st_mtime_ns)
+        except (OSError, EdgeSpecError):
+            return None
+
+
+@functools.lru_cache(maxsize=32)
+def _kind(path: str, size: int, mtime_ns: int) -> ModelKind:
+    # size and mtime are part of the key so that a rewritten file is read again
+    info = inspect_gguf(path)
+    return ModelKind(info["architecture"] or "?", parameter_label(info["n_params"]), info["file_type_name"] or "?")
+
+
 class CostModel:
     """T(K) for K = 1..k_max+1, c and the predicted speedup. Built from the stored profile by
     `for_target`, or from given costs (tests, what-if predictions)."""
@@ -334,12 +363,12 @@ class CostModel:
         self._table = table  # [gamma_max + 2] seconds, index = rows
         # Draft lengths worth considering: every one whose rows are up to K_MAX, beyond that only
         # where a row count was measured (the curve between sparse points is not known to be
-        # linear: the AMD EPYC's T(25) is 12% above T(24)).
+        # linear: just past a multiple of 8 a pass costs a step more, LONG_ROWS).
         self._lengths = [g for g in range(1, gamma_max + 1) if g + 1 <= K_MAX or g + 1 in pass_s]
         self._slope = float(table[-1] - table[-2]) if table.size > 2 else float(table[-1])
         self.c = float(c)
         self.max_rows = max_rows
-        self.target_file: str | None = None  # the weights file's name (for_target): gamma auto's prior
+        self.target_kind: ModelKind | None = None  # what the target is (for_target): gamma auto's prior
 
     @classmethod
     def flat(cls, c: float = 0.0, gamma_max: int = K_MAX - 1) -> CostModel:
@@ -354,10 +383,10 @@ class CostModel:
         progress(fraction) while a missing profile is measured (`profile`)."""
         rows = profile_rows(gamma_max + 1)
         prof = profile(target, rows, progress)
-        t1 = prof.pass_s[1]
-        model = cls({k: prof.pass_s[k] for k in rows}, draft_cost_s / t1,
-                    prof.max_rows if runtime.mode() == "exact" else None, gamma_max)
-        model.target_file = Path(target.path).name
+        model = cls({k: prof.pass_s[k] for k in rows}, 0.0, prof.max_rows if runtime.mode() == "exact" else None,
+                    gamma_max)
+        model.c = model.draft_cost(draft_cost_s)
+        model.target_kind = ModelKind.of(target.path)
         return model
 
     def seconds(self, rows: int) -> float:
@@ -367,6 +396,12 @@ class CostModel:
         if rows <= last:
             return float(self._table[rows])
         return float(self._table[last] + self._slope * (rows - last))
+
+    def draft_cost(self, seconds_per_token: float) -> float:
+        """c: seconds of drafting one token as a share of T(1), a single-token target pass. The one
+        definition: the cost model's own c, a hint's per-source cost and a run's measured drafting
+        cost (seconds drafting per drafted token) are all this."""
+        return seconds_per_token / self.seconds(1)
 
     def t_ratio(self, rows: int) -> float:
         """T(rows)/T(1), the verification cost in single-token passes."""
