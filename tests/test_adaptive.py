@@ -240,18 +240,39 @@ def test_match_prior_steps_down_to_the_tabled_size_and_short_matches_start_uninf
     assert start_prior(PRIOR_MIN_MATCH - 1) == 0.5 and start_prior(16) == MATCH_PRIOR[16]
 
 
-def test_each_bundled_target_starts_from_its_own_table_and_others_from_the_lowest():
+def test_each_bundled_target_starts_from_its_own_table_and_others_from_the_lowest(smollm2_path, gemma_path):
     from edgespec.core.adaptive import MATCH_PRIOR, MEASURED_PRIORS, prior_table
+    from edgespec.core.costs import ModelKind
 
     assert all(MATCH_PRIOR[n] == min(t[n] for t in MEASURED_PRIORS.values()) for n in MATCH_PRIOR)
-    assert prior_table("unknown.gguf") is MATCH_PRIOR and prior_table(None) is MATCH_PRIOR
+    assert prior_table(ModelKind("llama", "7B", "Q4_K_M")) is MATCH_PRIOR and prior_table(None) is MATCH_PRIOR
+    gemma, smollm2 = ModelKind.of(gemma_path), ModelKind.of(smollm2_path)
+    assert gemma == ModelKind("gemma3", "268M", "Q4_K_M") and smollm2 == ModelKind("llama", "135M", "Q4_1")
     cm = CostModel({1: 0.0155, 2: 0.026, 4: 0.034, 8: 0.052, 9: 0.073, 16: 0.091, 17: 0.112})
     first = {}
-    for name in ("gemma-3-270m-q4_k_m.gguf", "SmolLM2-135M-Instruct.Q4_1.gguf", "other.gguf"):
-        cm.target_file = name
-        first[name] = auto(cm).choose(match(6))
+    for kind in (gemma, smollm2, None):
+        cm.target_kind = kind
+        first[kind] = auto(cm).choose(match(6))
     # Gemma copies better than SmolLM2: its first 6-token match is drafted longer
-    assert first["gemma-3-270m-q4_k_m.gguf"] > first["SmolLM2-135M-Instruct.Q4_1.gguf"] == first["other.gguf"]
+    assert first[gemma] > first[smollm2] == first[None]
+
+
+def test_a_renamed_copy_of_a_target_starts_from_the_same_prior(smollm2_path, tmp_path):
+    """The prior is keyed by what the model is (its GGUF metadata), not by its file's name."""
+    import os
+    import shutil
+
+    from edgespec.core.adaptive import MATCH_PRIOR, MEASURED_PRIORS, prior_table
+    from edgespec.core.costs import ModelKind
+
+    copy = tmp_path / "my-assistant-v2.gguf"
+    try:
+        os.link(smollm2_path, copy)
+    except OSError:  # another filesystem
+        shutil.copyfile(smollm2_path, copy)
+    assert ModelKind.of(copy) == ModelKind.of(smollm2_path)
+    assert prior_table(ModelKind.of(copy)) is MEASURED_PRIORS[ModelKind.of(smollm2_path)] is not MATCH_PRIOR
+    assert ModelKind.of(tmp_path / "missing.gguf") is None
 
 
 def test_chain_acceptance_generalises_the_geometric_formula():

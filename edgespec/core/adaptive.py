@@ -22,40 +22,43 @@ Drafts run as long as the cost profile goes (`costs.GAMMA_MAX`), at row counts i
 from __future__ import annotations
 
 import bisect
+from dataclasses import dataclass
+from typing import NamedTuple
 
-from edgespec.core.costs import CostModel
+from edgespec.core.costs import CostModel, ModelKind
 from edgespec.core.drafters import Hint
+from edgespec.core.stats import tested_drafts
 
 # P(a token copied from an n-gram match is accepted | size of the match), greedy, per target: the
 # prior gamma auto starts each generation from. Measured by `python -m benchmarks.ngram_replay
-# --table --target T` on 45 Spec-Bench and code-edit prompts the bench does not use (128 tokens
-# each; pooled over draft positions as below), keyed by weights file name.
+# --table --target T` (docs/gamma_auto.md has the prompts and what the tables show), pooled over
+# draft positions, keyed by what the target is (architecture, size, quantization, from its GGUF
+# metadata), so a renamed copy of a model starts from its table.
 # A draft copies on from its match, so once its first j-1 tokens were right, its j-th token continues
 # a match of size h+j-1: acceptance along a draft is read at growing sizes. The replay's chain table
-# bears that out (Gemma: from a 1-token match, the 4th token of a draft that was right so far is
-# right 80% of the time, like a 4-token match's first), and it is why a copy can be drafted long.
+# bears that out, and it is why a copy can be drafted long.
 MEASURED_PRIORS = {
-    "gemma-3-270m-q4_k_m.gguf": {1: 0.355, 2: 0.546, 3: 0.647, 4: 0.860, 6: 0.916, 8: 0.952, 12: 0.944, 16: 0.984,
-                                 24: 0.992, 32: 0.994, 48: 0.994, 64: 0.996},
-    "SmolLM2-135M-Instruct.Q4_1.gguf": {1: 0.212, 2: 0.490, 3: 0.618, 4: 0.747, 6: 0.768, 8: 0.870, 12: 0.935,
-                                        16: 0.960, 24: 0.978, 32: 0.987, 48: 0.983, 64: 0.991},
+    ModelKind("gemma3", "268M", "Q4_K_M"): {1: 0.355, 2: 0.546, 3: 0.647, 4: 0.860, 6: 0.916, 8: 0.952, 12: 0.944,
+                                            16: 0.984, 24: 0.992, 32: 0.994, 48: 0.994, 64: 0.996},
+    ModelKind("llama", "135M", "Q4_1"): {1: 0.212, 2: 0.490, 3: 0.618, 4: 0.747, 6: 0.768, 8: 0.870, 12: 0.935,
+                                         16: 0.960, 24: 0.978, 32: 0.987, 48: 0.983, 64: 0.991},
 }
 # Any other target starts from the lowest of the measured tables at each size: a prior that is too
-# high costs more than one too low (in replay, Gemma's table made SmolLM2 12% slower on the bench's
-# prompts, whose failed drafts are dearer, T(16)/T(1) 8.0; SmolLM2's costs Gemma 3-4%).
+# high costs more than one too low (a failed draft wastes a verification of its rows, a missed one
+# only the tokens it would have won; in replay the other target's table cost both).
 MATCH_PRIOR = {n: min(t[n] for t in MEASURED_PRIORS.values()) for n in next(iter(MEASURED_PRIORS.values()))}
 _SIZES = sorted(MATCH_PRIOR)
 # Gamma auto learns acceptance per size class within a generation, starting from the target's
 # table, worth PRIOR_WEIGHT drafted tokens, from PRIOR_MIN_MATCH up. Below it a size starts
-# uninformed (0.5): the first token of a short match is right less often than a whole draft needs
-# (two failed 4-row drafts made a 9-token summary 0.80x on the AMD EPYC).
+# uninformed (0.5): the first token of a short match is right less often than a whole draft needs,
+# and on a short answer a failed draft costs more than the copy can win back.
 PRIOR_WEIGHT = 2.0
 PRIOR_MIN_MATCH = 6
 
 
-def prior_table(target_file: str | None) -> dict[int, float]:
-    """The measured table for a target's weights file, else the conservative MATCH_PRIOR."""
-    return MEASURED_PRIORS.get(target_file or "", MATCH_PRIOR)
+def prior_table(target: ModelKind | None) -> dict[int, float]:
+    """The measured table for what the target is, else the conservative MATCH_PRIOR."""
+    return MEASURED_PRIORS.get(target, MATCH_PRIOR) if target is not None else MATCH_PRIOR
 
 
 def size_class(size: int) -> int:
@@ -75,6 +78,64 @@ def start_prior(size: int, table: dict[int, float] = MATCH_PRIOR) -> float:
     return match_prior(size, table) if size >= PRIOR_MIN_MATCH else 0.5
 
 
+@dataclass(frozen=True)
+class Context:
+    """What gamma auto keeps one acceptance rate for: the context a draft is made in.
+
+    kind 'state': a drafter that tells nothing before drafting (a draft model); acceptance per
+    outcome of its last draft (`last_full`: it was accepted in full), as drafts come in runs (a
+    model copying its input accepts whole drafts, then stops copying).
+    kind 'hint': a drafter that names a size class but does not copy; acceptance per `size`.
+    kind 'match': an n-gram copy from a match of `size` tokens; acceptance is kept per size class
+    (`SizeClass`) and read at growing sizes along the draft.
+    kind 'confidence': the drafter's own per-token estimates (`confidence`), taken as given.
+    `source` is the drafter's source that will propose ('' = the drafter)."""
+
+    kind: str
+    source: str = ""
+    size: int | None = None
+    last_full: int | None = None
+    confidence: tuple[float, ...] = ()
+
+
+class SizeClass(NamedTuple):
+    """n-gram acceptance is kept per source and size class (`size_class`) of the match a token continues."""
+
+    source: str
+    size: int
+
+
+class PlanKey(NamedTuple):
+    """A plan holds until the next draft is verified, for the same context and draft costs."""
+
+    context: Context
+    c: float | None
+
+
+@dataclass
+class Evidence:
+    """Acceptance as a geometric process: `successes` = accepted draft tokens, `trials` = accepted +
+    rejections, both decayed (recent drafts weigh more); the rate is successes / trials (MLE). It
+    starts from a prior worth PRIOR_WEIGHT trials."""
+
+    successes: float
+    trials: float
+
+    @classmethod
+    def prior(cls, rate: float) -> Evidence:
+        return cls(PRIOR_WEIGHT * rate, PRIOR_WEIGHT)
+
+    @property
+    def rate(self) -> float:
+        return self.successes / self.trials
+
+    def add(self, hits: float, n: int, decay: float) -> None:
+        """`hits` successes in `n` trials, older evidence (the prior included) decaying by `decay` per trial."""
+        d = decay**n
+        self.successes = d * self.successes + hits
+        self.trials = d * self.trials + n
+
+
 class AutoGamma:
     label = "auto"
 
@@ -92,8 +153,8 @@ class AutoGamma:
         self.probe_every = probe_every
         self.probe_gamma = probe_gamma
         # With hints, probe only where the drafter matched a long span (text that has started to
-        # repeat); a failed probe on a short match costs a pass for nothing: on SmolLM2, where a
-        # 3-row pass costs 1.9 single-token passes, that was ~3% of open-ended generation.
+        # repeat); a failed probe on a short match costs a pass over its rows for nothing, and on
+        # open-ended text short matches are most of the steps (docs/gamma_auto.md).
         self.probe_min_hint = probe_min_hint
         self.margin = margin  # predicted speedup must beat plain decoding by this factor
         self.start(None)
@@ -101,21 +162,15 @@ class AutoGamma:
     def start(self, costs: CostModel | None) -> None:
         """A new generation: forget acceptance (the previous text says little about the next)."""
         self.costs = costs
-        self._table = prior_table(costs.target_file if costs is not None else None)
-        # Acceptance as a geometric process: successes = accepted drafts, trials = accepted +
-        # rejections; alpha_hat = successes / trials (MLE), with a weak prior of 0.5. Kept per
-        # context: per outcome of the last draft (drafts come in runs: a model copying its input
-        # accepts whole drafts, then stops copying), or per hint from a drafter that names a
-        # source but no size.
-        self._succ: dict[tuple, float] = {}
-        self._trials: dict[tuple, float] = {}
-        # n-gram matches: acceptance per (source, size class), every drafted token counted at the
+        self._table = prior_table(costs.target_kind if costs is not None else None)
+        # Acceptance per context (`Context`), from a weak prior of 0.5.
+        self._contexts: dict[Context, Evidence] = {}
+        # n-gram matches: acceptance per source and size class, every drafted token counted at the
         # size its match had grown to (MATCH_PRIOR's comment), from the measured prior.
-        self._size_succ: dict[tuple, float] = {}
-        self._size_trials: dict[tuple, float] = {}
-        self._plans: dict[tuple, tuple[int, float]] = {}  # (context key, c) -> best_gamma, until observe
+        self._sizes: dict[SizeClass, Evidence] = {}
+        self._plans: dict[PlanKey, tuple[int, float]] = {}  # -> best_gamma, until observe
         self._state = 0  # 1 if the last draft was accepted in full
-        self._key: tuple = ("state", 0)
+        self._key = Context("state", last_full=0)
         self._since_draft = 0
         self.last_choice = 0
         self.last_predicted = 1.0
@@ -128,26 +183,20 @@ class AutoGamma:
         self._probing = False
 
     # ------------------------------------------------------------------ estimates
-    @staticmethod
-    def _is_match(key: tuple) -> bool:
-        """Whether `key` is a copy from a match of a known size (acceptance read by size along the draft)."""
-        return key[0] == "match"
-
     def _size_alpha(self, source: str, size: int) -> float:
         cls = size_class(size)
-        k = (source, cls)
-        prior = start_prior(cls, self._table)
-        return self._size_succ.get(k, PRIOR_WEIGHT * prior) / self._size_trials.get(k, PRIOR_WEIGHT)
+        ev = self._sizes.get(SizeClass(source, cls))
+        return (ev or Evidence.prior(start_prior(cls, self._table))).rate
 
     def _alphas(self) -> float | list[float]:
         """Acceptance for the next draft in the context of the last `choose`: per draft position
         for an n-gram match (token j continues a match of size + j - 1), else one rate."""
         key = self._key
-        if key[0] == "confidence":  # the drafter's own per-token estimates, as long as its proposal
-            return list(key[2][: self._cap()])
-        if self._is_match(key):
-            return [self._size_alpha(key[1], key[2] + j) for j in range(self._cap())]
-        return self._succ.get(key, 1.0) / self._trials.get(key, 2.0)
+        if key.kind == "confidence":  # the drafter's own per-token estimates, as long as its proposal
+            return list(key.confidence[: self._cap()])
+        if key.kind == "match":
+            return [self._size_alpha(key.source, key.size + j) for j in range(self._cap())]
+        return (self._contexts.get(key) or Evidence.prior(0.5)).rate
 
     @property
     def alpha(self) -> float:
@@ -157,8 +206,8 @@ class AutoGamma:
 
     @property
     def alpha_overall(self) -> float:
-        succ = sum(self._succ.values()) + sum(self._size_succ.values())
-        trials = sum(self._trials.values()) + sum(self._size_trials.values())
+        succ = sum(e.successes for e in self._contexts.values()) + sum(e.successes for e in self._sizes.values())
+        trials = sum(e.trials for e in self._contexts.values()) + sum(e.trials for e in self._sizes.values())
         return (1.0 + succ) / (2.0 + trials)
 
     # ------------------------------------------------------------------ policy
@@ -167,21 +216,22 @@ class AutoGamma:
         size of a copying drafter's match (acceptance kept per size), nothing to propose (size 0),
         the source that will propose (alpha kept per source) and its cost c, or nothing (Hint())."""
         costs = self.costs
-        c = None if hint.draft_cost_s is None or costs is None else hint.draft_cost_s / costs.seconds(1)
+        c = None if hint.draft_cost_s is None or costs is None else costs.draft_cost(hint.draft_cost_s)
         alpha_max = 0.95 if hint.alpha_max is None else hint.alpha_max
         source, size = hint.source, hint.size
         if hint.confidence and size:
-            self._key = ("confidence", source, hint.confidence)
+            self._key = Context("confidence", source, confidence=hint.confidence)
         elif size is None:
-            self._key = ("state", source, self._state)
+            self._key = Context("state", source, last_full=self._state)
         else:
-            self._key = ("match" if hint.copies and size else "hint", source, size)
+            self._key = Context("match" if hint.copies and size else "hint", source, size)
         if costs is None or size == 0:
             g = 0  # no costs known (plain decoding is the safe choice), or nothing to draft
         else:
-            plan = self._plans.get((self._key, c))
+            plan_key = PlanKey(self._key, c)
+            plan = self._plans.get(plan_key)
             if plan is None:  # estimates change only when a draft was verified (observe)
-                plan = self._plans[self._key, c] = costs.best_gamma(self._alphas(), self._cap(), c=c)
+                plan = self._plans[plan_key] = costs.best_gamma(self._alphas(), self._cap(), c=c)
             g, s = plan
             self.last_predicted = s
             if s < self.margin:
@@ -227,32 +277,33 @@ class AutoGamma:
         self._probing = False
         if k > 0:
             self._plans.clear()
-            self._tested += n_accepted + (1 if n_accepted < k else 0)
+            tested = tested_drafts(k, n_accepted)  # the accepted drafts and the first rejected one
+            self._tested += tested
             self._drafting_tokens += n_accepted + 1
             key = self._key
-            if self._is_match(key):
+            if key.kind == "match":
                 # Token j of the draft was a trial at size class(size + j - 1); the first
                 # rejected token is the last trial.
-                for j in range(n_accepted + (1 if n_accepted < k else 0)):
-                    self._count(self._size_succ, self._size_trials, (key[1], size_class(key[2] + j)),
-                                start_prior(size_class(key[2] + j), self._table), j < n_accepted, 1)
-            elif key[0] == "confidence":
+                for j in range(tested):
+                    cls = size_class(key.size + j)
+                    self._count(self._sizes, SizeClass(key.source, cls), start_prior(cls, self._table), j < n_accepted, 1)
+            elif key.kind == "confidence":
                 pass  # the drafter keeps the record its estimates come from
             else:
                 # Forget per draft token, not per step, so a run of long accepted drafts does not
                 # outweigh the next few rejections.
-                self._count(self._succ, self._trials, key, 0.5, n_accepted, n_accepted + (1 if n_accepted < k else 0))
+                self._count(self._contexts, key, 0.5, n_accepted, tested)
             self._state = int(n_accepted == k)
             self._since_draft = 0
         else:
             self._since_draft += 1
 
-    def _count(self, succ: dict, trials: dict, key: tuple, prior: float, hits: float, n: int) -> None:
-        """Add `hits` successes in `n` trials to key's estimate, older evidence (and the prior,
-        worth PRIOR_WEIGHT trials) decaying by `decay` per trial."""
-        d = self.decay**n
-        succ[key] = d * succ.get(key, PRIOR_WEIGHT * prior) + hits
-        trials[key] = d * trials.get(key, PRIOR_WEIGHT) + n
+    def _count(self, evidence: dict, key: Context | SizeClass, prior: float, hits: float, n: int) -> None:
+        """Add `hits` successes in `n` trials to key's evidence (started from `prior` if it has none)."""
+        ev = evidence.get(key)
+        if ev is None:
+            ev = evidence[key] = Evidence.prior(prior)
+        ev.add(hits, n, self.decay)
 
     def decline(self) -> dict | None:
         """Why gamma auto ran plain decoding for most of the text (plain steps made at least as many

@@ -18,18 +18,22 @@ stored T(1) is clearly slower than what the machine does now.
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Callable, Sequence
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
 
+from edgespec.models.inspect import inspect_gguf
 from edgespec.runtime import llama as runtime
-from edgespec.runtime.llama import Model
+from edgespec.runtime.errors import EdgeSpecError
+from edgespec.runtime.llama import Model, parameter_label
 from edgespec.runtime.profiles import GAMMA_MAX, K_MAX, forget, profile, profile_rows
 
 STALE_FACTOR = 1.6  # stored T(1) this much slower than observed single-token passes: re-measure (the profile is
-# timed after CONTEXT_AT tokens, so short chats see single-token passes up to ~1.3x cheaper; a loaded
-# machine is ~2x slower)
+# timed after CONTEXT_AT tokens, so short chats see cheaper single-token passes than it; a factor above
+# that gap and below what a loaded machine costs, docs/gamma_auto.md)
 MIN_OBSERVED = 8  # single-token passes needed before a profile is judged
 
 
@@ -47,6 +51,32 @@ def expected_tokens(alpha: float | Sequence[float], gamma: int) -> float:
         p *= a
         total += p
     return total
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    """What a GGUF model is, read from its metadata rather than its file name (a renamed copy is the
+    same kind): what acceptance measured on one model carries over to, gamma auto's prior."""
+
+    architecture: str  # general.architecture, e.g. 'gemma3'
+    size: str  # the parameter count as model names give it (runtime.llama.parameter_label), e.g. '268M'
+    quant: str  # the file type, e.g. 'Q4_K_M'
+
+    @classmethod
+    def of(cls, path: str | os.PathLike) -> ModelKind | None:
+        """The kind of the GGUF file at `path`, None when its header cannot be read."""
+        try:
+            st = os.stat(path)
+            return _kind(os.path.realpath(path), st.st_size, st.st_mtime_ns)
+        except (OSError, EdgeSpecError):
+            return None
+
+
+@functools.lru_cache(maxsize=32)
+def _kind(path: str, size: int, mtime_ns: int) -> ModelKind:
+    # size and mtime are part of the key so that a rewritten file is read again
+    info = inspect_gguf(path)
+    return ModelKind(info["architecture"] or "?", parameter_label(info["n_params"]), info["file_type_name"] or "?")
 
 
 class CostModel:
@@ -73,12 +103,12 @@ class CostModel:
         self._table = table  # [gamma_max + 2] seconds, index = rows
         # Draft lengths worth considering: every one whose rows are up to K_MAX, beyond that only
         # where a row count was measured (the curve between sparse points is not known to be
-        # linear: the AMD EPYC's T(25) is 12% above T(24)).
+        # linear: just past a multiple of 8 a pass costs a step more, LONG_ROWS).
         self._lengths = [g for g in range(1, gamma_max + 1) if g + 1 <= K_MAX or g + 1 in pass_s]
         self._slope = float(table[-1] - table[-2]) if table.size > 2 else float(table[-1])
         self.c = float(c)
         self.max_rows = max_rows
-        self.target_file: str | None = None  # the weights file's name (for_target): gamma auto's prior
+        self.target_kind: ModelKind | None = None  # what the target is (for_target): gamma auto's prior
 
     @classmethod
     def flat(cls, c: float = 0.0, gamma_max: int = K_MAX - 1) -> CostModel:
@@ -93,10 +123,10 @@ class CostModel:
         progress(fraction) while a missing profile is measured (`profile`)."""
         rows = profile_rows(gamma_max + 1)
         prof = profile(target, rows, progress)
-        t1 = prof.pass_s[1]
-        model = cls({k: prof.pass_s[k] for k in rows}, draft_cost_s / t1,
-                    prof.max_rows if runtime.mode() == "exact" else None, gamma_max)
-        model.target_file = Path(target.path).name
+        model = cls({k: prof.pass_s[k] for k in rows}, 0.0, prof.max_rows if runtime.mode() == "exact" else None,
+                    gamma_max)
+        model.c = model.draft_cost(draft_cost_s)
+        model.target_kind = ModelKind.of(target.path)
         return model
 
     def seconds(self, rows: int) -> float:
@@ -106,6 +136,12 @@ class CostModel:
         if rows <= last:
             return float(self._table[rows])
         return float(self._table[last] + self._slope * (rows - last))
+
+    def draft_cost(self, seconds_per_token: float) -> float:
+        """c: seconds of drafting one token as a share of T(1), a single-token target pass. The one
+        definition: the cost model's own c, a hint's per-source cost and a run's measured drafting
+        cost (seconds drafting per drafted token) are all this."""
+        return seconds_per_token / self.seconds(1)
 
     def t_ratio(self, rows: int) -> float:
         """T(rows)/T(1), the verification cost in single-token passes."""

@@ -15,7 +15,8 @@ import numpy as np
 from edgespec.runtime.errors import EdgeSpecError
 
 # For top-p, first look at this many best tokens; sort the whole vocabulary only if they do not
-# already hold top_p of the mass (sorting 262k logits every step costs ~15 ms).
+# already hold top_p of the mass (a full sort of a large vocabulary every step costs about as much as
+# a small target's pass; docs/gamma_auto.md).
 _TOP_P_CANDIDATES = 2048
 
 

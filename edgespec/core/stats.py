@@ -263,3 +263,10 @@ def _step_counts(k: int, n_acc: int, end: int | None) -> tuple[int, int, int]:
     drafted, accepted = min(k, end), min(n_acc, end)
     return drafted, accepted, int(accepted < drafted)
 
+
+def tested_drafts(k: int, n_acc: int, end: int | None = None) -> int:
+    """Drafts a step tested, the evidence alpha is measured on (`Stats.alpha`: accepted + rejections):
+    the accepted ones and the first rejected one, drafts after it never being tested; counted as
+    `record_step` counts them (`end` as for `_step_counts`)."""
+    _, accepted, rejected = _step_counts(k, n_acc, end)
+    return accepted + rejected

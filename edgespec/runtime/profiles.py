@@ -40,8 +40,8 @@ from edgespec.runtime.llama import Model
 K_MAX = 17  # rows profiled one by one: a draft of up to 16 tokens plus the last committed token
 # Longer passes, profiled at these row counts only (linear in between): a copy that keeps being
 # accepted is drafted as long as the stored curve pays for, up to GAMMA_MAX tokens. Multiples of 8:
-# where the CPU kernels are cheapest per row on the machines measured (the AMD EPYC's T(K) steps
-# down at every multiple of 8, Gemma-3-270M: T(16) 100 ms, T(17) 121 ms, T(64) 363 ms, T(65) 413 ms).
+# the CPU kernels work on rows in tiles, so a pass just past a multiple of 8 pays for a tile it
+# barely uses (docs/gamma_auto.md has the measured steps).
 LONG_ROWS = (24, 32, 48, 64)
 GAMMA_MAX = LONG_ROWS[-1] - 1
 CONTEXT_AT = 512  # tokens of context before the profiled passes (prompt + output of a typical request)

@@ -15,9 +15,9 @@ keeps a record of how often its proposals come true at each match size, pooled o
 requests. A step proposes from the context unless the answers' first token is at least
 PREFER_CONTEXT times less likely to miss (or the context has no match). An answers candidate gives gamma auto its per-token
 confidence (Hint.confidence): r * agree / seen, r the record at the match size that token continues,
-agree of the seen occurrences going on this way (measured on Qwen2.5-Coder outputs: a 1-token match
-in earlier answers is continued right 13% of the time however many occurrences agree, a 32-token one
-97%, so agreement can only lower the record's figure).
+agree of the seen occurrences going on this way (agreement can only lower the record's figure: how
+often a match in earlier answers is continued right depends on the match's size, hardly on how many
+occurrences agree; docs/suffix_drafter.md has the measurement).
 
 Memory is bounded: the answers of every owner together hold at most `cap` tokens (the oldest answer is
 evicted first), ~120 bytes a token with the index. They may persist under EDGESPEC_CACHE/answers,

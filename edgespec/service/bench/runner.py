@@ -289,7 +289,7 @@ def pooled(stats: Sequence[Stats], costs: CostModel | None) -> dict:
     out: dict = {"stats": st.to_dict()}
     if costs is not None:
         out["predicted_speedup"] = Reply(stats=st, costs=costs).predicted_speedup
-        out["draft_cost"] = st.draft_s / st.drafted / costs.seconds(1) if st.drafted else None
+        out["draft_cost"] = costs.draft_cost(st.draft_s / st.drafted) if st.drafted else None
     return out
 
 
