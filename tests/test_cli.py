@@ -18,21 +18,34 @@ CODE_PROMPT = "Add a docstring to this function:\n\ndef area(w, h):\n    return 
 
 
 def test_json_output_contract():
+    t0 = time.monotonic()
     res = run_app("--headless", "--target", "gemma3-270m", "--draft", "ngram", "--gamma", "4",
                   "--prompt", CODE_PROMPT, "--max-tokens", "40", "--json")
+    elapsed = time.monotonic() - t0
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     assert set(out) >= {"text", "tokens", "token_sources", "stats"}
     assert len(out["tokens"]) == len(out["token_sources"]) == 40
-    assert set(out["token_sources"]) <= {"draft", "target", "bonus"}
+    src = out["token_sources"]
+    assert set(src) <= {"draft", "target", "bonus"}
     s = out["stats"]
-    for key in ("tokens_per_s", "acceptance_rate", "alpha", "mean_accepted", "target_calls", "drafted", "accepted",
-                "rejections", "wall_s"):
-        assert key in s
+    # The counters, from the tokens' sources: every step ends in one token of the target's (its
+    # correction after a rejection, its own token when nothing was drafted, or the bonus after a
+    # draft accepted in full), and no step drafts past the token budget.
+    drafts, steps = src.count("draft"), src.count("target") + src.count("bonus")
+    hist = {int(k): n for k, n in s["gamma_hist"].items()}  # steps by the number of tokens drafted
+    rejected = src.count("target") - hist.get(0, 0)  # target tokens of steps that drafted
+    assert s["generated"] == 40 and s["target_calls"] == steps == sum(hist.values())
+    assert s["accepted"] == drafts and s["rejections"] == rejected
+    assert rejected >= sum(a == "draft" and b == "target" for a, b in zip(src, src[1:], strict=False))
+    assert s["drafted"] == sum(k * n for k, n in hist.items()) and max(hist) <= 4
+    assert s["acceptance_rate"] == pytest.approx(drafts / s["drafted"])
+    assert s["alpha"] == pytest.approx(drafts / (drafts + rejected))
+    assert s["mean_accepted"] == pytest.approx(drafts / steps) and s["tokens_per_call"] == pytest.approx(40 / steps)
+    assert 0 < s["wall_s"] < elapsed and s["tokens_per_s"] >= 40 / elapsed  # timed inside the process
     assert s["alpha"] >= s["acceptance_rate"]  # drafts after a rejection are never tested
     assert out["finish_reason"] == "length" and out["framing"] == "raw"  # the bundled Gemma is a base model
     assert out["backend"]["cpu_variant"] and out["speedup"]["measured"] <= s["tokens_per_call"] + 1e-9
-    assert s["accepted"] == out["token_sources"].count("draft")
     assert s["target_calls"] < 40  # the n-gram drafter copied some of the code
     assert 0 < s["acceptance_rate"] <= 1 and s["tokens_per_s"] > 0
 

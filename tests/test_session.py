@@ -90,8 +90,30 @@ def test_bad_requests_are_one_line(kw, msg):
         Request(**kw)
 
 
-def test_gamma_is_always_a_policy():
-    assert parse_gamma("auto").label == "auto" and parse_gamma(4).label == "4" and parse_gamma("0").label == "0"
+def test_gamma_is_the_draft_length_each_step_asks_for(smollm2_path):
+    """On real generations: a whole number is the draft length every step asks for (less only where
+    the token budget ends first) and the n-gram drafter fills it on text it can copy; 0 drafts
+    nothing; 'auto' (in any case, with spaces) is a policy that plans every step of the run."""
+    assert parse_gamma(" AUTO ").label == "auto" and parse_gamma(4).label == "4" and parse_gamma("0").label == "0"
+    session = Session.load(str(smollm2_path), RuntimeOptions(n_ctx=1024, flash_attn="off"))
+    text = "Repeat this line three times: the cat sat on the mat by the door."
+    try:
+        for gamma in ("4", "0", "auto"):
+            req = Request(text=text, draft="ngram", gamma=gamma, max_tokens=40, reuse_prefix=False)
+            steps, made, reply = [], 0, None
+            for ev, reply in session.generate(req):  # noqa: B007 - the last fold is the reply
+                steps.append((ev.gamma, ev.drafted, req.max_tokens - made - 1))  # asked, proposed, budget
+                made += len(ev.tokens)
+            assert reply is not None and reply.gamma == gamma.strip() and len(steps) == reply.stats.target_calls
+            if gamma == "4":
+                assert [g for g, _, _ in steps] == [min(4, budget) for _, _, budget in steps]
+                assert all(k <= g for g, k, _ in steps) and any(k == 4 for _, k, _ in steps), steps
+            elif gamma == "0":
+                assert all(g == k == 0 for g, k, _ in steps) and set(reply.sources) == {"target"}
+            else:
+                assert reply.policy["steps"] == len(steps)  # AutoGamma chose the length of every step
+    finally:
+        session.close()
 
 
 def test_framing_follows_the_model(smollm2, gemma):
