@@ -438,3 +438,24 @@ def test_draft_lengths_land_on_the_cheap_tile_row_counts():
     picks = {a: cm.best_gamma(a)[0] for a in (0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.99)}
     assert set(picks.values()) <= {3, 15, 63}, picks
     assert picks[0.6] == 3 and picks[0.95] == 15
+
+
+def test_a_draft_models_catch_up_is_paid_by_the_step_that_drafts():
+    """Issue 30: a draft model's first pass also decodes the committed tokens it has not seen
+    (Hint.catch_up_s). Gamma auto adds it to the step's cost, once per step however long the
+    draft, declines where it eats the gain, and counts it in the drafting its plans assumed."""
+    cm = costs(0.05, c=0.3)
+    t1 = cm.seconds(1)
+    assert cm.drafting_cost(3, catch_up=0.5) == pytest.approx(3 * 0.3 + 0.5)
+    assert cm.step_cost(3, catch_up=0.5) == pytest.approx(cm.step_cost(3) + 0.5)
+    assert cm.speedup(0.9, 3, catch_up=0.5) < cm.speedup(0.9, 3)
+    policy = auto(cm)
+    feed(policy, 60, 0.97)
+    assert policy.choose(Hint()) > 0
+    assert policy.choose(Hint(catch_up_s=20 * t1)) == 0  # no draft length wins back 20 passes, not even a probe's
+    before = policy.planned_draft_s
+    g = policy.choose(Hint(catch_up_s=0.5 * t1))
+    assert g > 0
+    policy.observe(g, g)
+    assert policy.planned_draft_s - before == pytest.approx((g * 0.3 + 0.5) * t1)
+    assert policy.snapshot()["planned_draft_s"] == policy.planned_draft_s

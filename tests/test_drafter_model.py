@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from edgespec.core.drafters import Hint
 from edgespec.core.drafters.model import ModelDrafter
 from edgespec.core.engine import Engine, FixedGamma, GenerationConfig
 from edgespec.core.sampling import SamplingParams
@@ -111,3 +112,57 @@ def test_cli_pair_errors_and_warnings():
     res = run_app("--headless", "--target", "smollm2-135m", "--draft", big_draft, "--chat",
                   "--prompt", "Say hi.", "--max-tokens", "8")
     assert res.returncode == 0 and "warning: the draft" in res.stderr
+
+
+def test_the_catch_up_hinted_is_what_the_next_proposal_decodes(pair):
+    """Issue 30: a drafting step's first draft pass also decodes every committed token the draft
+    has not seen (the correction or bonus token, and the tokens of plain steps since it last
+    drafted). The hint prices exactly those rows, from the draft's own profile: counted here, pass by
+    pass, against the rows the draft model really decoded."""
+    target, draft = pair
+    drafter = ModelDrafter(draft, target)
+    assert drafter.hint([1, 2, 3]) == Hint()  # costs not loaded yet: nothing to say
+    t_d1 = drafter.draft_cost_s()  # loads the draft's profile; hints now carry the catch-up
+    pc = drafter._pass_costs
+    assert t_d1 == pc.seconds(1)
+    rows: list[int] = []
+    decode = draft.decode
+
+    def counted(tokens, n_logits=1, hidden=False):
+        rows.append(len(tokens))
+        return decode(tokens, n_logits, hidden)
+
+    draft.decode = counted
+    try:
+        prompt = chat(target, QUESTIONS[2])
+        hinted: list[tuple[float, int]] = []
+
+        class Plan(FixedGamma):
+            """Plain stretches and drafting runs, noting what each drafting step's hint said."""
+
+            def __init__(self) -> None:
+                super().__init__(3)
+                self.step = 0
+
+            def choose(self, hint: Hint) -> int:
+                self.step += 1
+                g = 3 if self.step % 7 in (0, 1, 2) else 0
+                if g:
+                    hinted.append((hint.catch_up_s, len(rows)))
+                return g
+
+        reply = Reply.collect(Engine(target, drafter, Plan()).generate(prompt, GenerationConfig(max_tokens=48)))
+    finally:
+        draft.decode = decode
+    # the passes of each proposal (rows before the first one: the prompt, read in `begin`)
+    starts = {i: catch_up_s for catch_up_s, i in hinted if i < len(rows)}  # a step cut to 0 drafts: the next one's
+    bounds = sorted(starts) + [len(rows)]
+    proposals = [rows[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    assert reply.stats.drafted > 0 and len(proposals) >= 6
+    assert all(set(p[1:]) <= {1} for p in proposals)  # one row per further draft token
+    assert max(p[0] for p in proposals) >= 5  # after a plain stretch the draft catches up with several tokens
+    for i, p in zip(bounds, proposals, strict=False):  # the hint priced the first pass's rows
+        assert starts[i] == pytest.approx(max(pc.seconds(p[0]) - t_d1, 0.0))
+    # the drafter's own account of its passes: a first pass of m rows, then one-row passes
+    assert drafter.estimated_s == pytest.approx(sum(pc.seconds(p[0]) + (len(p) - 1) * t_d1 for p in proposals))
+    assert drafter.spent_s > 0

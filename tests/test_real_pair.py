@@ -46,3 +46,51 @@ def test_gamma_auto_with_the_draft_model_says_why_it_declines_or_drafts():
         assert "declined" in out["adaptive"]["fallback"]
     else:
         assert out["stats"]["accepted"] > 0
+
+
+def test_gamma_auto_plans_what_the_draft_model_spends():
+    """Issue 30: gamma auto planned the 0.5B draft at its one-row pass per token, but a drafting step
+    also decodes the tokens committed since the draft last ran (its catch-up), so on the AMD EPYC it
+    probed and lost (0.83-0.86x). The cost it plans with now includes the catch-up, priced from the
+    draft's own T(K) profile. Counted, not timed: over a generation with plain stretches and runs of
+    drafting steps, the drafting seconds its plans assumed equal the drafter's own account of the
+    passes it ran, and are within a sane factor of what drafting took."""
+    from edgespec.core.adaptive import AutoGamma
+    from edgespec.core.costs import CostModel
+    from edgespec.core.drafters import Hint
+    from edgespec.core.drafters.model import ModelDrafter
+    from edgespec.core.engine import Engine, GenerationConfig
+    from edgespec.runtime.llama import Model
+    from edgespec.service.session import Reply
+
+    target = Model(resolve_local(PAIR[0]), n_ctx=1024, flash_attn="off")
+    draft = Model(resolve_local(PAIR[1]), n_ctx=1024, flash_attn="off")
+    try:
+        drafter = ModelDrafter(draft, target)
+        cm = CostModel.for_target(target, drafter.draft_cost_s())
+        script = [0] * 5 + [3] * 3  # plain stretches (the draft falls behind), then drafting in a row
+
+        class Scripted(AutoGamma):
+            """Gamma auto's planning and bookkeeping, the draft lengths fixed by `script`."""
+
+            def choose(self, hint: Hint) -> int:
+                super().choose(hint)
+                self.last_choice = script[(self._steps - 1) % len(script)]
+                return self.last_choice
+
+        policy = Scripted()
+        prompt = target.tokenize(target.apply_chat_template([{"role": "user", "content": EDIT}]), parse_special=True)
+        st = Reply.collect(Engine(target, drafter, policy, cm).generate(prompt, GenerationConfig(max_tokens=64))).stats
+    finally:
+        draft.close()
+        target.close()
+    drafted_tokens = sum(k * n for k, n in st.gamma_hist.items())
+    per_token_only = drafted_tokens * drafter.draft_cost_s()  # what was planned before: T_d(1) per draft token
+    planned = policy.planned_draft_s
+    steps = sum(n for k, n in st.gamma_hist.items() if k)
+    print(f"drafting steps {steps}: measured {st.draft_s / steps * 1e3:.1f} ms/step, planned "
+          f"{planned / steps * 1e3:.1f} (catch-up included), {per_token_only / steps * 1e3:.1f} (T_d(1) per token only)")
+    assert steps >= 6
+    assert planned == pytest.approx(drafter.estimated_s, rel=1e-9)  # the plans priced the passes the drafter ran
+    assert planned > per_token_only  # ... catch-ups included
+    assert 0.5 < st.draft_s / planned < 2.0

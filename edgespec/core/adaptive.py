@@ -4,7 +4,8 @@
 
   alpha   acceptance rate of draft tokens, measured while generating (recent drafts weigh more),
   T(K)    seconds for a target pass over K rows (so T(K)/T(1) is the verification cost),
-  c       seconds to draft one token relative to T(1).
+  c       seconds to draft one token relative to T(1); a draft model also pays, once per step, for
+          decoding the committed tokens it has not seen (Hint.catch_up_s), added to the denominator.
 T(K) and c come from the one cost model (`edgespec.core.costs`, the machine's stored profile), not from
 live timings: the choices then depend only on the tokens, so a seeded or greedy run gives the same
 text every time. gamma = 0 (plain decoding) is chosen whenever no gamma is predicted to beat it by
@@ -110,6 +111,7 @@ class PlanKey(NamedTuple):
 
     context: Context
     c: float | None
+    catch_up: float
 
 
 @dataclass
@@ -181,6 +183,9 @@ class AutoGamma:
         self._drafting_tokens = 0  # tokens the steps that drafted produced (accepted + correction/bonus)
         self._probe_interval = self.probe_every
         self._probing = False
+        self._draft_costs: tuple[float | None, float] = (None, 0.0)  # the last choose's (c, catch-up)
+        self._planned_draft = 0.0  # drafting the steps that drafted cost by the plans, in T(1)s
+        self._plain_catch_up = 0.0  # catch-ups (in T(1)s) that drafting would have cost on the plain steps
 
     # ------------------------------------------------------------------ estimates
     def _size_alpha(self, source: str, size: int) -> float:
@@ -217,6 +222,8 @@ class AutoGamma:
         the source that will propose (alpha kept per source) and its cost c, or nothing (Hint())."""
         costs = self.costs
         c = None if hint.draft_cost_s is None or costs is None else costs.draft_cost(hint.draft_cost_s)
+        catch_up = costs.draft_cost(hint.catch_up_s) if costs is not None and hint.catch_up_s else 0.0
+        self._draft_costs = (c, catch_up)
         alpha_max = 0.95 if hint.alpha_max is None else hint.alpha_max
         source, size = hint.source, hint.size
         if hint.confidence and size:
@@ -228,22 +235,24 @@ class AutoGamma:
         if costs is None or size == 0:
             g = 0  # no costs known (plain decoding is the safe choice), or nothing to draft
         else:
-            plan_key = PlanKey(self._key, c)
+            plan_key = PlanKey(self._key, c, catch_up)
             plan = self._plans.get(plan_key)
             if plan is None:  # estimates change only when a draft was verified (observe)
-                plan = self._plans[plan_key] = costs.best_gamma(self._alphas(), self._cap(), c=c)
+                plan = self._plans[plan_key] = costs.best_gamma(self._alphas(), self._cap(), c, catch_up)
             g, s = plan
             self.last_predicted = s
             if s < self.margin:
                 g = 0
             probe_here = not hint.confidence and (size is None or size >= self.probe_min_hint)
-            if g == 0 and probe_here and self._since_draft >= self._probe_interval and self._could_pay(costs, c, alpha_max):
+            if g == 0 and probe_here and self._since_draft >= self._probe_interval and self._could_pay(costs, c, alpha_max, catch_up):
                 g = self.probe_gamma if costs.draft_cap is None else min(self.probe_gamma, costs.draft_cap)
                 self._probing = g > 0
         self.last_choice = g
         self._steps += 1
         self._steps_plain += g == 0
         self._steps_nothing += size == 0
+        if g == 0:
+            self._plain_catch_up += catch_up
         return g
 
     def fit(self, available: int) -> int:
@@ -255,11 +264,12 @@ class AutoGamma:
         g, s = self.costs.best_gamma(self._alphas(), min(available, self._cap()), c=0.0)
         return g if s >= self.margin else 0
 
-    def _could_pay(self, costs: CostModel, c: float | None = None, alpha_max: float = 0.95) -> bool:
-        """Viability (the paper's alpha > c, with verification cost): would speculation pay even
-        at the best acceptance the source can reach (nearly every draft, unless the drafter says
-        less)? If not, probing for alpha only costs time."""
-        return costs.best_gamma(alpha_max, self._cap(), c=c)[1] >= self.margin
+    def _could_pay(self, costs: CostModel, c: float | None = None, alpha_max: float = 0.95,
+                   catch_up: float = 0.0) -> bool:
+        """Viability (the paper's alpha > c, with verification cost and the draft's catch-up):
+        would speculation pay even at the best acceptance the source can reach (nearly every
+        draft, unless the drafter says less)? If not, probing for alpha only costs time."""
+        return costs.best_gamma(alpha_max, self._cap(), c, catch_up)[1] >= self.margin
 
     def _cap(self) -> int:
         """Longest draft considered: gamma_max, within what the cost profile covers."""
@@ -277,6 +287,8 @@ class AutoGamma:
         self._probing = False
         if k > 0:
             self._plans.clear()
+            if self.costs is not None:
+                self._planned_draft += self.costs.drafting_cost(k, *self._draft_costs)
             tested = tested_drafts(k, n_accepted)  # the accepted drafts and the first rejected one
             self._tested += tested
             self._drafting_tokens += n_accepted + 1
@@ -316,10 +328,12 @@ class AutoGamma:
             return None
         measured = self._tested > 0
         alpha = self.alpha_overall if measured else 0.95
-        gamma, speedup = self.costs.best_gamma(alpha, self._cap(), drafting=True)
+        # what resuming drafting would have cost on the plain steps, on average (a draft model's catch-up)
+        catch_up = self._plain_catch_up / self._steps_plain if self._steps_plain else 0.0
+        gamma, speedup = self.costs.best_gamma(alpha, self._cap(), catch_up=catch_up, drafting=True)
         return {"plain_steps": self._steps_plain, "steps": self._steps, "nothing_to_draft": self._steps_nothing,
                 "alpha": round(alpha, 3), "alpha_measured": measured, "tested": self._tested,
-                "c": round(self.costs.c, 3), "t_ratio_2": round(self._t_ratio(2), 3),
+                "c": round(self.costs.c, 3), "catch_up": round(catch_up, 3), "t_ratio_2": round(self._t_ratio(2), 3),
                 "best_gamma": gamma, "best_speedup": round(speedup, 3), "needs": self.margin}
 
     def fallback_note(self) -> str | None:
@@ -341,12 +355,21 @@ class AutoGamma:
             alpha = f"even at alpha {d['alpha']:.2f} (not measured: probing could not pay)"
         best = (f"best {d['best_speedup']:.2f}x here (gamma {d['best_gamma']})" if d["best_gamma"]
                 else "no draft length can be verified here")
-        figures = f"{alpha}, draft cost c {d['c']:.2f} of a target pass, T(2)/T(1) {d['t_ratio_2']:.2f}: {best}"
+        cost = f"draft cost c {d['c']:.2f} of a target pass"
+        if d["catch_up"]:
+            cost += f" and {d['catch_up']:.2f} per step catching up"
+        figures = f"{alpha}, {cost}, T(2)/T(1) {d['t_ratio_2']:.2f}: {best}"
         if pays:
             # drafting pays at that alpha, but the estimate for what the drafter offered on those
             # steps (a short match, an uncertain state) did not
             return f"{head}: {figures}, yet the proposals of those steps were estimated below {d['needs']:.2f}x; declined there"
         return f"{head}: {figures}, needs {d['needs']:.2f}x; declined"
+
+    @property
+    def planned_draft_s(self) -> float:
+        """Seconds of drafting the plans assumed for the steps that drafted (their draft lengths at
+        the c and catch-up they were planned with), to set beside what drafting took (Stats.draft_s)."""
+        return 0.0 if self.costs is None else self._planned_draft * self.costs.seconds(1)
 
     def _t_ratio(self, rows: int) -> float:
         return float(rows) if self.costs is None else self.costs.t_ratio(rows)
@@ -359,6 +382,9 @@ class AutoGamma:
             "decline": self.decline(),
             "alpha": self.alpha_overall,
             "c": None if self.costs is None else self.costs.c,
+            # what drafting cost by the plans (c per token and the draft's catch-up), beside
+            # Stats.draft_s, what it took
+            "planned_draft_s": self.planned_draft_s,
             "gamma": self.last_choice,
             "predicted_speedup": self.last_predicted,
             "t_ratio": {str(k): round(self._t_ratio(k), 3) for k in (2, 3, 5, 9, 17, self._cap() + 1)},

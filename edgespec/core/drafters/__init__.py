@@ -68,6 +68,10 @@ class Hint:
     gamma auto keeps acceptance per source.
     draft_cost_s: that source's seconds per draft token (the cost model turns it into c); None =
     the drafter's own cost, as the cost model has it.
+    catch_up_s: seconds the next proposal costs beyond draft_cost_s per token: a draft model first
+    decodes the committed tokens its cache lacks (the target's correction or bonus token, and every
+    token of the plain steps since it last drafted) in the pass that drafts its first token, and a
+    pass over more rows costs more than one over one row. 0 for a drafter with no such work.
     alpha_max: the best acceptance this source can be expected to reach (a learned drafter's
     held-out figure): gamma auto does not probe where even that would not pay on this machine.
     copies: the proposal copies on from a matched span of the context (n-gram lookup), so draft
@@ -84,6 +88,7 @@ class Hint:
     alpha_max: float | None = None
     copies: bool = False
     confidence: tuple[float, ...] = ()
+    catch_up_s: float = 0.0
 
     @classmethod
     def nothing(cls, source: str = "") -> Hint:

@@ -7,6 +7,14 @@ there, so accepted tokens are never decoded twice. Between generations the cache
 `begin` reuses the longest cached prefix of the new prompt (the previous chat turn, a shared
 system prompt) and prefills only the rest, like the target's prefix reuse.
 
+What drafting costs: the first pass of a proposal decodes every committed token the draft's cache
+lacks (the target's correction or bonus token, and all the tokens of plain steps since the draft
+model last drafted) and drafts the first token; each further token is a one-row pass. From the draft
+model's own stored T(K) profile that is T_d(m) + (gamma - 1) T_d(1) for m catch-up rows: T_d(1) per
+token (`draft_cost_s`, gamma auto's c) and the catch-up's T_d(m) - T_d(1) (`Hint.catch_up_s`), which
+gamma auto adds to a step's cost. `spent_s` and `estimated_s` keep what proposing took and what
+the profile says it costs, to check the one against the other.
+
 At temperature > 0 the drafts are sampled from q = process(draft logits) with the same sampling
 settings as the target, and q is returned so the verifier can run the lossless rejection sampler.
 At temperature 0 drafting is greedy and q is one-hot (returned as None).
@@ -15,10 +23,12 @@ At temperature 0 drafting is greedy and q is one-hot (returned as None).
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Sequence
 
 import numpy as np
 
+from edgespec.core import costs
 from edgespec.core.drafters import Draft, DraftContext, Hint, register
 from edgespec.core.sampling import DRAFT, Noise, SamplingParams, process, sample
 from edgespec.models.loader import load_model
@@ -46,6 +56,9 @@ class ModelDrafter:
         self.reused = 0  # prompt tokens the last `begin` found in the draft's cache
         self._sampling = SamplingParams()
         self._noise = Noise(None)
+        self._pass_costs: costs.CostModel | None = None  # the draft model's T(K), once draft_cost_s read it
+        self.spent_s = 0.0  # seconds `propose` spent drafting, over the drafter's life
+        self.estimated_s = 0.0  # what those proposals cost by the draft's profile (`proposal_cost_s`)
 
     def begin(self, prompt: Sequence[int], sampling: SamplingParams) -> None:
         # Same sampling settings as the target (standardized sampling); the draft's draws are keyed
@@ -70,13 +83,39 @@ class ModelDrafter:
         self.draft.reuse(context[: len(context) - 1], start=self._committed)
 
     def hint(self, context: Sequence[int]) -> Hint:
-        return Hint()  # nothing cheap to tell before drafting
+        """Nothing about acceptance; what the next proposal's catch-up costs (once the draft's
+        costs are loaded: `draft_cost_s`)."""
+        if self._pass_costs is None:
+            return Hint()
+        extra = self.proposal_cost_s(self._catch_up_rows(context), 1) - self.draft_cost_s()
+        return Hint(catch_up_s=max(extra, 0.0))  # (a noisy profile may have T_d(2) below T_d(1))
+
+    def _catch_up_rows(self, context: Sequence[int]) -> int:
+        """Rows of the next proposal's first pass: the committed tokens the draft's cache lacks
+        (the last one always: it is the input that drafts the first token)."""
+        n = len(context) - 1
+        return len(context) - self.draft.common_prefix(context[:n], min(self._committed, n))
+
+    def proposal_cost_s(self, rows: int, passes: int) -> float:
+        """Seconds of a proposal by the draft's profile: a first pass over `rows` rows (the catch-up
+        and the first draft), then `passes` - 1 one-row passes."""
+        pc = self._pass_costs or self._load_costs()
+        return pc.seconds(rows) + (passes - 1) * pc.seconds(1)
+
+    def _load_costs(self) -> costs.CostModel:
+        """The draft model's stored T(K) profile (measured on first use), as a cost model."""
+        rows = profiles.profile_rows()
+        prof = profiles.profile(self.draft, rows)
+        self._pass_costs = costs.CostModel({k: prof.pass_s[k] for k in rows})
+        return self._pass_costs
 
     def commit(self, context: Sequence[int], n_accepted: int) -> None:
         self._sync(context)
 
     def draft_cost_s(self) -> float:
-        return profiles.profile(self.draft, [1]).pass_s[1]
+        """T_d(1): each draft token but the first is a one-row pass (the first's extra rows are the
+        catch-up, `hint`)."""
+        return (self._pass_costs or self._load_costs()).seconds(1)
 
     def propose(self, context: Sequence[int], gamma: int) -> Draft:
         if gamma <= 0:
@@ -91,8 +130,10 @@ class ModelDrafter:
         greedy = self._sampling.greedy
         tokens: list[int] = []
         probs: list[np.ndarray] = []
+        rows, passes, start = len(feed), 0, time.perf_counter()
         for i in range(gamma):
             row = np.array(self.draft.decode(feed, n_logits=1)[0], dtype=np.float32)
+            passes += 1
             if self.target_vocab < row.shape[0]:
                 row[self.target_vocab :] = -np.inf  # ids the target lacks can never be accepted
             if greedy:
@@ -108,6 +149,9 @@ class ModelDrafter:
             tokens.append(tok)
             if i + 1 < gamma:
                 feed = [tok]
+        self.spent_s += time.perf_counter() - start
+        if self._pass_costs is not None:
+            self.estimated_s += self.proposal_cost_s(rows, passes)
         return Draft(np.asarray(tokens, dtype=np.int32), None if greedy else np.stack(probs))
 
     def close(self) -> None:
