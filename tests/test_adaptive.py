@@ -130,8 +130,8 @@ def test_cost_model_extrapolates_and_predicts():
 
 
 def test_measured_speedup_never_exceeds_tokens_per_call():
-    """The Live stats bug: 1.03 tokens per call was shown as a 1.52x measured speedup because T(1)
-    was stored under load. Whatever T(1) says, a step cannot cost less than one single-token pass."""
+    """A stored T(1) slower than this run's passes (a profile measured under load) never makes the
+    measured speedup exceed tokens per target call: a step cannot cost less than one single-token pass."""
     cm = CostModel({1: 0.05, 2: 0.06})  # a stale, too-slow T(1)
     s = cm.measured_speedup(tokens=103, calls=100, seconds=1.0)  # 10 ms per step
     assert s <= 1.03 + 1e-9

@@ -52,8 +52,8 @@ def test_run_small_suite_streams_then_shows_report_and_plots(tmp_path):
 
 
 def test_stop_ends_only_that_sessions_run(tmp_path):
-    """Two browser sessions run the bench at once; Stop in session b ends b's run, a's finishes.
-    (With one stop flag per app, b's Stop ended a's run too, and a new run cleared a pending Stop.)"""
+    """Two browser sessions run the bench at once; Stop in session b ends b's run, a's finishes
+    (each session has its own stop flag), and a new run does not clear a Stop pending in another."""
     ctx = make_ctx()
     one = write_suite(tmp_path / "one.jsonl", [{"id": "p0", "category": "c", "prompt": "Say 0."}])
     two = write_suite(tmp_path / "two.jsonl", [{"id": f"p{i}", "category": "c", "prompt": f"Say {i}."} for i in range(2)])

@@ -111,7 +111,7 @@ def test_bad_model_files(tmp_path, smollm2_path):
 
 
 def test_default_command_on_the_default_model_prints_text():
-    """SmolLM2 is an instruct model: without its chat template it ended at once and printed nothing.
+    """SmolLM2 is an instruct model: without its chat template it ends at once and prints nothing.
     Framing auto uses the template, as llama.cpp's CLI turns on conversation mode."""
     res = run_app("--headless", "--prompt", "Explain speculative decoding in one paragraph.", "--max-tokens", "64")
     assert res.returncode == 0, res.stderr
@@ -172,7 +172,7 @@ def test_port_in_use_is_one_line():
 @pytest.mark.parametrize("delay", [0.5, 1.0, 1.5, 3.0, 6.0])
 def test_ctrl_c_exits_130_at_every_stage(delay):
     """Whatever Ctrl-C lands in (start-up, model load, generation), the command ends at once with
-    status 130 and no traceback; it used to be swallowed by llama.cpp's log callback during load."""
+    status 130 and no traceback, during model load too (while llama.cpp's log callback is installed)."""
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "app.py"), "--headless", "--target", "gemma3-270m", "--prompt",
          "Once upon a time", "--max-tokens", "4000", "--ctx", "8192"],

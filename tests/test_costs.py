@@ -1,5 +1,5 @@
-"""The stored cost profile: measured on first use with progress, and resumed after an interruption
-(issue 23: 15-120 s without a word, and Ctrl-C threw the measured part away)."""
+"""The stored cost profile: measured on first use with progress reported while it runs, and resumed
+after an interruption from the part already measured."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Exact mode (--exact): llamafile-off build, flash attention off, no repacking. For F16/Q8_0/Q4_x
-weights a token's logits no longer depend on the batch it is decoded in, so greedy speculative
+weights a token's logits do not depend on the batch it is decoded in, so greedy speculative
 output is identical to plain single-token decoding (no same-path trick needed)."""
 
 from __future__ import annotations

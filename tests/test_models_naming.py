@@ -76,7 +76,7 @@ def test_unknown_model_lists_each_name_once() -> None:
     with pytest.raises(EdgeSpecError) as err:
         resolve("zzqx-no-such-model")
     known = re.search(r"; known: (.*) \(or use", str(err.value)).group(1).split(", ")
-    assert known[:2] == ["smollm2-135m", "gemma3-270m"]  # bundled first, as before
+    assert known[:2] == ["smollm2-135m", "gemma3-270m"]  # the bundled models first
     assert len(known) == len(set(known)), known
     with pytest.raises(EdgeSpecError) as err:
         resolve("smollm2")

@@ -23,6 +23,9 @@ from edgespec.apps.quant.report import (
     tensor_rmse,
     write_outputs,
 )
+from edgespec.core.drafters.model import ModelDrafter
+from edgespec.core.drafters.ngram import NgramDrafter
+from edgespec.core.engine import Engine, FixedGamma, GenerationConfig
 from edgespec.runtime.llama import Model
 from tests.conftest import ROOT
 
@@ -89,7 +92,25 @@ def test_small_report_end_to_end(candidate: Path, smollm2_path: Path, tmp_path: 
     assert c["positions"] == rep["settings"]["positions"] > 20
     assert c["perplexity"] > 1 and rep["reference"]["perplexity"] > 1
     assert c["decode_tps"] > 0 and c["decode_ratio"] > 0 and c["ngram_tps"] > 0 and c["draft_tps"] > 0
-    assert 0 <= c["ngram_acceptance"] <= 1 and 0 <= c["draft_acceptance"] <= 1
+    # The two acceptances, counted on a second run of the same greedy generations (the first prompt
+    # cut to 32 tokens, 8 tokens, gamma 3): accepted drafts are the tokens shown as 'draft', and
+    # drafts past the last token are not counted.
+    ref, cand = (Model(p, n_ctx=64, n_threads=1, flash_attn="off") for p in (smollm2_path, candidate))
+    try:
+        def counted(target: Model, drafter) -> tuple[int, int]:
+            accepted = drafted = 0
+            cfg = GenerationConfig(max_tokens=8, stop_at_eog=False)
+            for ev in Engine(target, drafter, FixedGamma(3)).generate(ref.tokenize(prompts[0])[:32], cfg):
+                accepted += ev.sources.count("draft")
+                drafted += min(ev.drafted, len(ev.tokens)) if ev.done else ev.drafted
+            return accepted, drafted
+
+        for key, (accepted, drafted) in (("ngram_acceptance", counted(cand, NgramDrafter())),
+                                         ("draft_acceptance", counted(ref, ModelDrafter(cand, ref)))):
+            assert drafted > 0 and c[key] == pytest.approx(accepted / drafted), key
+    finally:
+        ref.close()
+        cand.close()
     md, js, png = write_outputs(rep, tmp_path / "r", "test")
     assert json.loads(js.read_text())["candidates"][0]["summary"]["label"] == "mxfp4"
     assert "| mxfp4 | mxfp4 |" in md.read_text()
@@ -105,7 +126,7 @@ def test_prompts_file_format(tmp_path: Path) -> None:
 
 def test_report_cli_errors(tmp_path: Path, smollm2_path: Path) -> None:
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "quant", "report", *args], capture_output=True, text=True,
+        return subprocess.run([sys.executable, "-m", "edgespec.apps.quant", "report", *args], capture_output=True, text=True,
                               cwd=ROOT, timeout=120)
 
     bad = tmp_path / "bad.gguf"

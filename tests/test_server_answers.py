@@ -16,7 +16,7 @@ from tests.test_server import start_server, stop_server
 ALICE, BOB = "alice-key-1", "bob-key-2"
 MODEL = "smollm2-135m"
 FIXED = {"gamma": 4}  # a fixed draft length: what is drafted does not hang on this machine's cost profile
-# one thread: two llama.cpp threads on a loaded 2-core machine wait on each other (minutes a request)
+# one thread: two llama.cpp threads on a loaded 2-core machine wait on each other
 FIRST = "Write a Python function that returns the square of a number."
 SECOND = "Write a Python function that returns the cube of a number."
 

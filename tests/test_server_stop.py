@@ -1,5 +1,6 @@
-"""The server's answer at a stop string that begins inside a token (issue 23: `"stop": ["o"]` on
-"Hello! ..." answered "" with completion_tokens 1), over real HTTP on 127.0.0.1."""
+"""The server's answer at a stop string that begins inside a token: `"stop": ["o"]` answers the text
+before the first "o" (never "", plain or streamed) and completion_tokens counts the tokens shown,
+over real HTTP on 127.0.0.1."""
 
 from __future__ import annotations
 

@@ -52,7 +52,7 @@ def test_no_stop_strings_release_everything_at_once():
 
 
 @pytest.mark.parametrize("stops, steps, text, pieces, step_end", [
-    # the stop string starts inside a token: that token keeps its text before it (issue 23: "" and "Hello!")
+    # the stop string starts inside a token: that token keeps its text before it
     (["llo"], [["Hello", "!", " How"]], "He", ["He"], 1),
     (["How"], [["Hello", "!", " How", " are"]], "Hello! ", ["Hello", "!", " "], 3),
     (["o"], [["Hello", "!"]], "Hell", ["Hell"], 1),

@@ -1,4 +1,4 @@
-"""What a new user still met (issue 32, the third sweep), run as a user runs it: `python app.py ...`,
+"""Edges a new user meets, run as a user runs it: `python app.py ...`,
 `serve` and the web UI as real processes on 127.0.0.1, on the bundled SmolLM2. Folders, files and
 the UI process must survive every input; bad input is one line and a non-zero status, a 4xx in the
 OpenAI error shape, or a message in the UI."""
@@ -55,9 +55,10 @@ def zero_blocks(tmp_path_factory) -> Path:
     return path
 
 
-# ----------------------------------------------------------------------------- 1. distill --out
+# ----------------------------------------------------------------------------- distill --out
 def test_distill_refuses_a_folder_whose_manifest_is_not_a_drafters_and_leaves_it_as_it_was(tmp_path):
-    """A browser extension's folder (its own manifest.json) was wiped, and left 0700."""
+    """A folder with a manifest.json that is not a drafter's (a browser extension's) is refused, and
+    left as it was: the same files, the same permissions."""
     ext = tmp_path / "ext"
     (ext / "icons").mkdir(parents=True)
     (ext / "manifest.json").write_text('{"manifest_version": 3}\n')
@@ -112,7 +113,7 @@ def test_distill_export_replaces_only_its_own_files_and_new_folders_are_not_0700
     assert "[INFO]" not in capfd.readouterr().err
 
 
-# ----------------------------------------------------------------------------- 2. catalog paths
+# ----------------------------------------------------------------------------- catalog paths
 PYPI_ENTRY = {"role": "target", "repo": None, "quant": "Q4_K_M", "size_bytes": 10, "license": "test",
               "use": ["chat"], "pairs_with": [], "sha256": "0" * 64,
               "pypi": {"package": "nothing-here-part{n}", "version": "1.0", "parts": 1}}
@@ -121,7 +122,8 @@ PYPI_ENTRY = {"role": "target", "repo": None, "quant": "Q4_K_M", "size_bytes": 1
 @pytest.mark.parametrize("field, value", [("file", "../../victim.txt"), ("file", "/tmp/x.gguf"),
                                           ("name", "../../victim")])
 def test_a_catalog_entry_that_leads_outside_the_store_is_refused_when_read(tmp_path, field, value):
-    """`models remove` deleted a file two folders above the store, named by a user catalog's entry."""
+    """A user catalog's entry whose file or name leads outside the store (`../../victim.txt`, an
+    absolute path) is refused by `models remove`, `install` and `list`, and nothing outside is touched."""
     victim, victim_dir = tmp_path / "x" / "victim.txt", tmp_path / "x" / "victim"
     (victim_dir / "parts").mkdir(parents=True)
     victim.write_text("keep me\n")
@@ -136,7 +138,7 @@ def test_a_catalog_entry_that_leads_outside_the_store_is_refused_when_read(tmp_p
     assert victim.read_text() == "keep me\n" and (victim_dir / "data").read_text() == "keep me too\n"
 
 
-# ----------------------------------------------------------------------------- 3. a damaged GGUF
+# ----------------------------------------------------------------------------- a damaged GGUF
 @pytest.mark.parametrize("args", [("--target", "{bad}"), ("--draft", "model:{bad}")])
 def test_a_gguf_whose_layer_count_contradicts_its_tensors_is_one_line_not_an_abort(zero_blocks, args):
     args = tuple(a.format(bad=zero_blocks) for a in args)
@@ -169,7 +171,8 @@ def test_models_info_does_not_call_a_damaged_gguf_a_compatible_draft(zero_blocks
 
 @pytest.mark.slow
 def test_the_web_ui_shows_a_damaged_gguf_as_an_error_and_keeps_running(zero_blocks):
-    """Typed into the Target field, the file killed the whole UI process."""
+    """Typed into the Target field, a GGUF that makes llama.cpp abort is an error in the UI, and the
+    UI process keeps serving."""
     from gradio_client import Client
 
     port = free_port()
@@ -202,7 +205,7 @@ def test_the_web_ui_shows_a_damaged_gguf_as_an_error_and_keeps_running(zero_bloc
         proc.wait(timeout=30)
 
 
-# ----------------------------------------------------------------------------- 4. tracebacks
+# ----------------------------------------------------------------------------- tracebacks
 @pytest.mark.parametrize("flag", ["--prompt", "--system"])
 def test_invalid_utf8_on_the_command_line_is_one_line(flag):
     bad = os.fsdecode(b"bad \xff")  # what Python makes of the bytes a shell passes
@@ -263,7 +266,7 @@ def test_a_catalog_entry_with_a_size_that_is_no_number_is_refused_naming_it(tmp_
                    "catalog entry 'big-one'", "size_bytes must be a whole number of bytes, got 'big'")
 
 
-# ----------------------------------------------------------------------------- 5, 6, 13: the server
+# ----------------------------------------------------------------------------- the server
 @pytest.fixture(scope="module")
 def served():
     s = start_server("--target", MODEL, "--draft", "none", "--ctx", "512")
@@ -289,7 +292,8 @@ def openai_error(r: httpx.Response, status: int, *wants: str) -> dict:
 @pytest.mark.parametrize("fmt_", [{"type": "json_object"},
                                   {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}])
 def test_serve_refuses_a_response_format_it_cannot_honour(served, fmt_):
-    """It answered 200 with text that was not JSON; an agent took it for JSON."""
+    """A JSON response_format is refused with a 400 naming it (the server cannot constrain output to
+    JSON, so an agent must not get free text it takes for JSON); type 'text' is served."""
     err = openai_error(chat(served, response_format=fmt_), 400, f"response_format {fmt_['type']!r} is not supported",
                        "no grammar")
     assert err["param"] == "response_format"
@@ -303,7 +307,7 @@ def test_serve_seed_minus_one_is_random_and_seeds_beyond_64_bits_are_refused(ser
                  messages=[{"role": "user", "content": "Tell me a story about a cat."}])
         assert r.status_code == 200, r.text
         texts.add(r.json()["choices"][0]["message"]["content"])
-    assert len(texts) > 1, texts  # seed -1 was one fixed seed
+    assert len(texts) > 1, texts  # seed -1: a new seed each request
     fixed = {chat(served, seed=7, temperature=1.5, max_tokens=12).json()["choices"][0]["message"]["content"]
              for _ in range(2)}
     assert len(fixed) == 1
@@ -325,7 +329,7 @@ def test_cli_seeds_minus_one_is_random_and_beyond_64_bits_is_one_line():
     one_line_error(run_app(*HI, "--temperature", "1", "--seed", str(2**64), timeout=120), "seed must be below 2^64")
 
 
-# ----------------------------------------------------------------------------- 7, 8: empty values, threads
+# ----------------------------------------------------------------------------- empty values, threads
 @pytest.mark.parametrize("flag, want", [("--draft", "--draft none for plain decoding"),
                                         ("--rpc", "leave --rpc out to run on this machine"),
                                         ("--target", "leave --target out")])
@@ -344,9 +348,10 @@ def test_quant_report_refuses_more_threads_than_cores_at_once(tmp_path):
     assert time.monotonic() - t0 < 30 and not list(tmp_path.iterdir())
 
 
-# ----------------------------------------------------------------------------- 9: no drafts, no speedup
+# ----------------------------------------------------------------------------- no drafts, no speedup
 def test_a_run_that_drafted_nothing_measures_1x():
-    """A plain run read 0.04x-0.56x under load (its steps' mean against their median)."""
+    """A run that drafted nothing did plain decoding's work: 1.00x, whatever its step timings (one
+    stalled step would put their mean far from their median)."""
     from edgespec.core.costs import CostModel
     from edgespec.core.stats import Stats
     from edgespec.service.session import Reply
@@ -357,7 +362,8 @@ def test_a_run_that_drafted_nothing_measures_1x():
 
 
 def test_the_bench_gives_a_configuration_that_drafted_nothing_1x():
-    """`bench --repeats 1` printed `ngram 1.72x` for a run with 0 drafts and the baseline's target calls."""
+    """A configuration that drafted nothing is 1.00x per prompt, per category and in the summary line
+    ('drafted nothing'), even where its timing came out faster than the baseline's."""
     from edgespec.core.stats import Stats
     from edgespec.service.bench import runner as bench
     from edgespec.service.bench.report import summary_lines
@@ -379,7 +385,7 @@ def test_the_bench_gives_a_configuration_that_drafted_nothing_1x():
     assert "1.00x" in line and "drafted nothing" in line, line
 
 
-# ----------------------------------------------------------------------------- 10: an unwritable cache
+# ----------------------------------------------------------------------------- an unwritable cache
 @pytest.mark.slow
 def test_an_unwritable_profile_folder_is_said_once_and_not_measured_again_in_the_process(smollm2_path, tmp_path,
                                                                                          monkeypatch, capsys):
@@ -407,7 +413,7 @@ def test_an_unwritable_profile_folder_is_said_once_and_not_measured_again_in_the
     assert measured == [True, False], "measured again in the same process"
 
 
-# ----------------------------------------------------------------------------- 11: catalog names, context
+# ----------------------------------------------------------------------------- catalog names, context
 def test_a_catalog_name_given_twice_is_refused_naming_it(tmp_path):
     catalog = tmp_path / "catalog.json"
     entry = {**PYPI_ENTRY, "name": "Gemma3-270M", "file": "g.gguf"}
@@ -422,10 +428,10 @@ def test_a_context_beyond_the_trained_one_gets_a_note():
     assert "note: --ctx 8704 is more than the 8192 tokens SmolLM2-135M-Instruct.Q4_1.gguf was trained for" in res.stderr
 
 
-# ----------------------------------------------------------------------------- 12: the decline line
+# ----------------------------------------------------------------------------- the decline line
 def test_the_decline_line_does_not_say_needs_when_the_best_would_pay():
-    """'best 1.57x here (gamma 11), needs 1.10x; declined' contradicted itself: no draft was tried
-    (1-token matches were estimated not to pay), though drafting would pay at the assumed alpha."""
+    """When no draft was tried (1-token matches were estimated not to pay) though drafting would pay
+    at the assumed alpha, the line says so, not 'needs 1.10x; declined' beside a best above 1.10x."""
     from edgespec.core.adaptive import AutoGamma
     from edgespec.core.costs import CostModel
     from edgespec.core.drafters import Hint
@@ -442,7 +448,7 @@ def test_the_decline_line_does_not_say_needs_when_the_best_would_pay():
     assert note.endswith("yet the proposals of those steps were estimated below 1.10x; declined there")
 
 
-# ----------------------------------------------------------------------------- 14: --chat-file
+# ----------------------------------------------------------------------------- --chat-file
 @pytest.mark.parametrize("content, args, wants", [
     (None, (), ["chat file is a directory"]),
     ('"hi"\n{"role": "user", "content": "  "}\n', (), ["{file}:2: the user message is empty"]),
@@ -461,7 +467,7 @@ def test_chat_file_mistakes_are_one_line_before_anything_is_generated(tmp_path, 
     assert "or use --system" not in err and res.stdout == ""  # no turn was answered first
 
 
-# ----------------------------------------------------------------------------- 15: errors that name the right thing
+# ----------------------------------------------------------------------------- errors that name the right thing
 @pytest.mark.parametrize("args, wants", [
     (("bench", "--suite", "/tmp", "--out", "{tmp}/b"), ["--suite /tmp is a folder", "spec_bench"]),
     (("models", "remove", ""), ["models remove needs a model name"]),
@@ -476,7 +482,7 @@ def test_errors_name_what_is_wrong_and_come_before_any_work(tmp_path, args, want
     t0 = time.monotonic()
     res = run_app(*(a.format(**subs) for a in args), timeout=120)
     one_line_error(res, *wants)
-    assert time.monotonic() - t0 < 30  # no model was loaded first, no 40 s of work
+    assert time.monotonic() - t0 < 30  # refused before any model is loaded
     assert not list(tmp_path.iterdir())
 
 
@@ -489,7 +495,7 @@ def test_prompt_file_dash_reads_stdin():
     assert "note: --ctx" not in res.stderr  # the default context is within the trained one
 
 
-# ----------------------------------------------------------------------------- 16, 17: RPC
+# ----------------------------------------------------------------------------- RPC
 def _rpc_built() -> bool:
     from edgespec.runtime import backend, rpc
     try:

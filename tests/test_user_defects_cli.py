@@ -1,4 +1,4 @@
-"""What a new user met on the command line (issue 23), run as a user runs it: `python app.py ...`."""
+"""Edges a new user meets on the command line, run as a user runs it: `python app.py ...`."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ HI = ("--headless", "--prompt", "hi", "--max-tokens", "12", "--draft", "none", "
 
 
 def test_stop_string_inside_a_token_keeps_the_text_before_it():
-    """`--stop llo` on "Hello! ..." answered "" (the whole token "Hello" was dropped): the answer is
-    the text up to the stop string's first character, as llama-server and OpenAI's API give it."""
+    """`--stop llo` on "Hello! ..." answers "He", not "" (the token "Hello" is cut, not dropped): the
+    answer is the text up to the stop string's first character, as llama-server and OpenAI's API give it."""
     full = json.loads(run_app(*HI).stdout)
     assert full["text"].startswith("Hello"), full["text"]  # the bundled SmolLM2's greeting
     cut = json.loads(run_app(*HI, "--stop", "llo").stdout)
@@ -25,15 +25,15 @@ def test_stop_string_inside_a_token_keeps_the_text_before_it():
 
 
 def test_a_prompt_without_headless_answers_in_the_terminal():
-    """`app.py --prompt hi` opened the UI and ignored the prompt; a prompt asks for an answer here."""
+    """`app.py --prompt hi` (no --headless) answers in the terminal: a prompt asks for an answer, not the UI."""
     res = run_app("--prompt", "hi", "--max-tokens", "4", "--draft", "none", timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() and "tok/s" in res.stderr
 
 
 def test_output_into_a_closed_pipe_ends_quietly():
-    """`app.py ... | head -c 20` ended in a BrokenPipeError traceback. Now it ends like a Unix tool
-    killed by SIGPIPE: status 141, nothing on stderr but what came before."""
+    """`app.py ... | head -c 20` ends like a Unix tool killed by SIGPIPE: status 141, no
+    BrokenPipeError traceback, nothing on stderr but what came before."""
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "app.py"), "--headless", "--draft", "none", "--prompt",
          "Write a long story about a dragon.", "--max-tokens", "200"],
@@ -55,8 +55,8 @@ def test_more_threads_than_cores_is_refused_at_once():
 
 
 def test_measuring_the_cost_profile_says_so(tmp_path):
-    """The first use of a set-up measures the cost profile (15-120 s on the bundled models under load,
-    ~8 s here when idle) before any text: a line on stderr says so (from the session's progress hook,
+    """The first use of a set-up measures the cost profile (seconds to minutes) before any text: a
+    line on stderr says so (from the session's progress hook,
     not a print inside the library). Resuming an interrupted measurement: tests/test_costs.py."""
     env = {"EDGESPEC_PROFILES": str(tmp_path)}
     first = run_app("--headless", "--prompt", "hi", "--max-tokens", "2", env=env)
@@ -84,7 +84,8 @@ def test_unclear_errors_say_what_to_do(args, wants, not_wanted):
 
 
 def test_an_empty_folder_as_drafter_says_what_it_lacks(tmp_path):
-    """README takes a learned drafter's folder for --draft; an empty one said 'not a file'."""
+    """README takes a learned drafter's folder for --draft; an empty folder is refused for what it
+    lacks (no manifest.json), not as 'not a file'."""
     res = run_app("--headless", "--prompt", "hi", "--draft", str(tmp_path), timeout=120)
     err = res.stderr.strip()
     assert res.returncode == 1 and len(err.splitlines()) == 1, err
