@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "models", *args], capture_output=True, text=True, cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "edgespec.models", *args], capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}, timeout=120)
 
 

@@ -341,7 +341,7 @@ def test_unreachable_hub_is_one_line(tmp_path, monkeypatch):
 
 
 def _cli(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "models", *args], capture_output=True, text=True, cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "edgespec.models", *args], capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, **env}, timeout=timeout)
 
 

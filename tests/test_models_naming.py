@@ -86,7 +86,7 @@ def test_unknown_model_lists_each_name_once() -> None:
 
 def _list(cache: Path) -> str:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache / "hf"), "EDGESPEC_CACHE": str(cache)}
-    out = subprocess.run([sys.executable, "-m", "models", "list"], capture_output=True, text=True, cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "edgespec.models", "list"], capture_output=True, text=True, cwd=ROOT,
                          env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     return out.stdout

@@ -208,7 +208,7 @@ def test_disk_full_leaves_no_output_and_input_untouched(tmp_path: Path, monkeypa
 
 def test_cli_errors_are_one_line(tmp_path: Path, smollm2_path: Path) -> None:
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "quant", *args], capture_output=True, text=True,
+        return subprocess.run([sys.executable, "-m", "edgespec.apps.quant", *args], capture_output=True, text=True,
                               cwd=ROOT, timeout=120)
 
     bad = tmp_path / "x.gguf"
