@@ -353,10 +353,14 @@ def _dispatch(argv: list[str]) -> int:
         from edgespec.apps.distill import main as distill_main
 
         return distill_main(argv[1:])
-    if argv and argv[0] in ("models", "quant"):  # python -m edgespec.models ... / python -m edgespec.apps.quant ...
-        import importlib
+    if argv and argv[0] == "models":  # as python -m edgespec.models ...
+        from edgespec.models.__main__ import main as models_main
 
-        return importlib.import_module(f"{argv[0]}.__main__").main(argv[1:], prog=f"python app.py {argv[0]}")
+        return models_main(argv[1:], prog="python app.py models")
+    if argv and argv[0] == "quant":  # as python -m edgespec.apps.quant ...
+        from edgespec.apps.quant.__main__ import main as quant_main
+
+        return quant_main(argv[1:], prog="python app.py quant")
     args = build_parser().parse_args(argv)
     # A prompt on the command line asks for an answer here, not for the UI (which would ignore it).
     if args.headless or any(x is not None for x in (args.prompt, args.prompt_file, args.chat_file)):
