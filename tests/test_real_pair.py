@@ -49,12 +49,11 @@ def test_gamma_auto_with_the_draft_model_says_why_it_declines_or_drafts():
 
 
 def test_gamma_auto_plans_what_the_draft_model_spends():
-    """Issue 30: gamma auto planned the 0.5B draft at its one-row pass per token, but a drafting step
-    also decodes the tokens committed since the draft last ran (its catch-up), so on the AMD EPYC it
-    probed and lost (0.83-0.86x). The cost it plans with now includes the catch-up, priced from the
-    draft's own T(K) profile. Counted, not timed: over a generation with plain stretches and runs of
-    drafting steps, the drafting seconds its plans assumed equal the drafter's own account of the
-    passes it ran, and are within a sane factor of what drafting took."""
+    """A drafting step of a draft model also decodes the tokens committed since the draft last ran
+    (its catch-up), and the cost gamma auto plans with includes it, priced from the draft's own T(K)
+    profile. Counted, not timed: over a generation with plain stretches and runs of drafting steps,
+    the drafting seconds its plans assumed equal the drafter's own account of the passes it ran, and
+    exceed what one-row passes per drafted token would cost."""
     from edgespec.core.adaptive import AutoGamma
     from edgespec.core.costs import CostModel
     from edgespec.core.drafters import Hint
@@ -93,4 +92,3 @@ def test_gamma_auto_plans_what_the_draft_model_spends():
     assert steps >= 6
     assert planned == pytest.approx(drafter.estimated_s, rel=1e-9)  # the plans priced the passes the drafter ran
     assert planned > per_token_only  # ... catch-ups included
-    assert 0.5 < st.draft_s / planned < 2.0
