@@ -114,7 +114,7 @@ def test_fast_mode_runs_the_small_batch_modules_and_stock_is_one_switch_away(smo
         assert info.kernels == "stock"
     else:
         assert info.kernels == "smallbatch" and Path(info.module).parent == KERNELS
-    res = subprocess.run([sys.executable, "-c", "from edgespec import runtime; import json; "
+    res = subprocess.run([sys.executable, "-c", "from edgespec.runtime import llama as runtime; import json; "
                           "print(json.dumps(runtime.backend_info().to_dict()))"],
                          cwd=ROOT, env={**os.environ, "EDGESPEC_KERNELS": "stock"},
                          capture_output=True, text=True, timeout=120)
@@ -126,7 +126,7 @@ def test_exact_mode_keeps_its_own_kernels():
     """--exact's bit-identical guarantee rests on its llamafile-off modules: never the small-batch set."""
     if not backend.exact_available():
         pytest.skip("exact-mode kernels not built")
-    res = subprocess.run([sys.executable, "-c", "from edgespec import runtime; import json; runtime.set_mode('exact'); "
+    res = subprocess.run([sys.executable, "-c", "from edgespec.runtime import llama as runtime; import json; runtime.set_mode('exact'); "
                           "print(json.dumps(runtime.backend_info().to_dict()))"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
