@@ -100,19 +100,19 @@ def test_prompts_file_format(tmp_path: Path) -> None:
     f = tmp_path / "p.txt"
     f.write_text("first prompt\n\nstill first\n---\nsecond\n---  \n\n")
     assert read_prompts(f) == ["first prompt\n\nstill first", "second"]
-    assert len(read_prompts(ROOT / "quant" / "prompts.txt")) == 8
+    assert len(read_prompts(ROOT / "edgespec" / "apps" / "quant" / "prompts.txt")) == 8
 
 
 def test_report_cli_errors(tmp_path: Path, smollm2_path: Path) -> None:
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "quant", "report", *args], capture_output=True, text=True,
+        return subprocess.run([sys.executable, "-m", "edgespec.apps.quant", "report", *args], capture_output=True, text=True,
                               cwd=ROOT, timeout=120)
 
     bad = tmp_path / "bad.gguf"
     bad.write_text("not a model")
     for args, expect in [
         (("--reference", str(smollm2_path), str(smollm2_path), "--prompts", str(tmp_path / "none.txt")), "prompts file not found"),
-        (("--reference", str(smollm2_path), str(bad), "--prompts", str(ROOT / "quant" / "prompts.txt")), "not a GGUF file"),
+        (("--reference", str(smollm2_path), str(bad), "--prompts", str(ROOT / "edgespec" / "apps" / "quant" / "prompts.txt")), "not a GGUF file"),
         (("--reference", str(smollm2_path), "--prompts", "x"), "the following arguments are required"),
     ]:
         proc = run(*args)

@@ -9,7 +9,7 @@ import pytest
 
 from edgespec.core.drafters.ngram import NgramDrafter
 from edgespec.core.engine import Engine, FixedGamma, GenerationConfig
-from edgespec.core.stats import PLAIN_KEEP, Stats
+from edgespec.core.stats import PLAIN_KEEP, Stats, speedup
 
 
 def test_alpha_by_depth_counts_each_tested_draft_at_its_depth():
@@ -121,3 +121,9 @@ def test_depth_counts_agree_with_the_engines_other_counters(smollm2):
     assert sum(st.depth_accepted) == st.accepted
     assert sum(st.depth_tested) == st.accepted + st.rejections
     assert len(st.depth_tested) <= 6
+
+
+def test_speedup_is_one_rate_over_another():
+    """The one speedup of two measured rates: their ratio, and 0.0 when there is no baseline rate."""
+    assert speedup(30.0, 20.0) == pytest.approx(1.5) and speedup(20.0, 20.0) == 1.0
+    assert speedup(12.0, 0.0) == 0.0

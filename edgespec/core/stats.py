@@ -226,3 +226,9 @@ def _step_counts(k: int, n_acc: int, end: int | None) -> tuple[int, int, int]:
     drafted, accepted = min(k, end), min(n_acc, end)
     return drafted, accepted, int(accepted < drafted)
 
+
+def speedup(rate: float, baseline: float) -> float:
+    """How many times faster `rate` (tokens/s) is than `baseline` (tokens/s): the one speedup of
+    two measured rates (bench rows and cells, the race, the quantization report); 0.0 when there
+    is no baseline rate to compare with."""
+    return rate / baseline if baseline else 0.0

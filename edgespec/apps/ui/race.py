@@ -20,6 +20,7 @@ from edgespec.apps.ui import render
 from edgespec.apps.ui.context import AppContext
 from edgespec.apps.ui.live import Tracker, stream
 from edgespec.core import drafters
+from edgespec.core.stats import speedup
 from edgespec.runtime.errors import EdgeSpecError, one_line
 from edgespec.service.session import Request
 
@@ -261,7 +262,7 @@ def replay(cols: list[Column], runs: list[Tracker], htmls: list[str], note: str 
             "label": col.label, "target": col.target, "drafter": r.drafter if r is not None else col.drafter,
             "gamma": r.gamma if r is not None else col.gamma, "framing": r.framing if r is not None else None,
             "tokens_per_s": tps,
-            "speedup": tps / base if base else 0.0,
+            "speedup": speedup(tps, base),
             "generated": len(tr.tokens), "text": tr.text, "error": tr.error,
             "finish_reason": tr.finish_reason,
         })

@@ -11,9 +11,11 @@ Every other figure of a results row comes from one `Stats`: the repeats of a (pr
 configuration) merged with `Stats.merge` (counters do not depend on machine load, so pooling all
 repeats loses nothing and every figure -- acceptance, alpha, alpha by depth, tokens per call, the
 draft-length histogram -- is of the same generations), written as its `to_dict` under "stats".
-A category's cell merges its prompts' Stats the same way; its tokens/s is total tokens over total
-seconds of the median rates. The predicted speedup and the draft cost c of a row or cell are those
-of its merged Stats (`pooled`); the report reads these and recomputes nothing.
+A category's cell merges its prompts' Stats the same way. A row or cell has one decode rate,
+`tokens_per_s`: the median of its repeats' rates (a row), its prompts' tokens over their seconds at
+those rates (a cell); the merged Stats leave their own rates out (`TIMED_FIGURES`). The predicted
+speedup and the draft cost c of a row or cell are those of its merged Stats (`pooled`); the report
+reads these and recomputes nothing.
 
 Every generation goes through the session layer (`edgespec.service.session`): one loaded target, one
 `Request` per configuration and prompt, the `Reply` it folds to. The predicted speedup of a run is
@@ -39,7 +41,7 @@ from pathlib import Path
 from edgespec.core.costs import CostModel
 from edgespec.core.drafters import NGRAM_SIZES
 from edgespec.core.sampling import SamplingParams
-from edgespec.core.stats import Stats
+from edgespec.core.stats import Stats, speedup
 from edgespec.runtime import llamacpp
 from edgespec.runtime.errors import EdgeSpecError
 from edgespec.service.bench.report import BASELINE, REF_LOOKUP, REF_PLAIN, versus_llamacpp
@@ -279,13 +281,19 @@ def _median_run(runs: list[Run]) -> Run:
     return order[(len(order) - 1) // 2]
 
 
+# Figures of a Stats that its wall time gives; the merged Stats of repeats would give a second
+# tokens/s next to the row's or cell's own `tokens_per_s` (of the median runs), so they are left out.
+TIMED_FIGURES = ("tokens_per_s", "bandwidth_gb_s")
+
+
 def pooled(stats: Sequence[Stats], costs: CostModel | None) -> dict:
-    """The figures of generations pooled by `Stats.merge`: the merged Stats (`to_dict`) under
-    "stats"; with the cost model they were planned with, the speedup it predicts for the pooled
-    draft lengths at the pooled alpha (`Reply.predicted_speedup`) and the measured draft cost c,
-    seconds drafting per drafted token over T(1) (None where nothing was drafted)."""
+    """The figures of generations pooled by `Stats.merge`: the merged Stats (`to_dict`, less its
+    rates: TIMED_FIGURES) under "stats"; with the cost model they were planned with, the speedup it
+    predicts for the pooled draft lengths at the pooled alpha (`Reply.predicted_speedup`) and the
+    measured draft cost c, seconds drafting per drafted token over T(1) (None where nothing was
+    drafted)."""
     st = Stats.merge(stats)
-    out: dict = {"stats": st.to_dict()}
+    out: dict = {"stats": {k: v for k, v in st.to_dict().items() if k not in TIMED_FIGURES}}
     if costs is not None:
         out["predicted_speedup"] = Reply(stats=st, costs=costs).predicted_speedup
         out["draft_cost"] = st.draft_s / st.drafted / costs.seconds(1) if st.drafted else None
@@ -320,7 +328,7 @@ def bench_prompt(runner: Runner, pr: Prompt, tokens: list[int], stop: threading.
             "kind": cfg.kind,
             "tokens_per_s": tps,
             "tokens_per_s_runs": [r.tokens_per_s for r in rs],
-            "speedup": 1.0 if _no_drafts(cfg, rs) else tps / base_tps,
+            "speedup": 1.0 if _no_drafts(cfg, rs) else speedup(tps, base_tps),
             "no_drafts": _no_drafts(cfg, rs),
             # the median run's tokens (llama.cpp: its own count), which its tokens/s counted
             "generated": rep.stats.generated if cfg.kind == "llama.cpp" else len(rep.tokens),
@@ -353,7 +361,7 @@ def bench_prompt(runner: Runner, pr: Prompt, tokens: list[int], stop: threading.
     if REF_PLAIN in results:
         own = results[REF_PLAIN]["tokens_per_s"]
         for name in (REF_PLAIN, REF_LOOKUP):
-            results[name]["speedup_vs_own_baseline"] = results[name]["tokens_per_s"] / own
+            results[name]["speedup_vs_own_baseline"] = speedup(results[name]["tokens_per_s"], own)
         if s.greedy:
             own_tokens = {tuple(r.tokens) for r in runs[REF_PLAIN]}
             results[REF_LOOKUP]["identical_to_own_baseline"] = {tuple(r.tokens) for r in runs[REF_LOOKUP]} == own_tokens
@@ -393,14 +401,14 @@ def aggregate(prompts: list[dict], names: list[str], cost_models: dict[str, Cost
             row[name] = cell
         base = row[BASELINE]["tokens_per_s"]
         for name in names:
-            row[name]["speedup"] = row[name]["tokens_per_s"] / base if base else 0.0
+            row[name]["speedup"] = speedup(row[name]["tokens_per_s"], base)
             if all(p["results"][name].get("no_drafts") for p in ps):
                 row[name]["speedup"] = 1.0  # plain decoding on every prompt (`_no_drafts`)
                 row[name]["no_drafts"] = True
         if REF_PLAIN in row:
             own = row[REF_PLAIN]["tokens_per_s"]
             for name in (REF_PLAIN, REF_LOOKUP):
-                row[name]["speedup_vs_own_baseline"] = row[name]["tokens_per_s"] / own if own else 0.0
+                row[name]["speedup_vs_own_baseline"] = speedup(row[name]["tokens_per_s"], own)
         out[cat] = row
     return out
 
@@ -427,21 +435,7 @@ def run_bench(
         raise EdgeSpecError(f"cannot create output folder {out}: {exc.strerror}") from None
     runner = Runner(s, log)
     names = [c.name for c in runner.configs]
-    meta = {
-        "settings": {k: v for k, v in vars(s).items()},
-        "target": runner.target.path,
-        "target_description": runner.target.info.description,
-        "configs": [vars(c) for c in runner.configs],
-        "prompts_total": len(prompts),
-        "cpu_count": os.cpu_count(),
-        "machine": platform.machine(),
-        "platform": platform.platform(),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "framing": runner.framing,
-        "verify_cost_s": {str(k): v for k, v in runner.costs.items()},  # the stored cost profile
-        "cost_profile": runner.cost_profile,
-        "interrupted": False,
-    }
+    meta = _meta(runner, len(prompts))
     done: list[dict] = []
     skipped: list[dict] = []
     results = {"meta": meta, "prompts": done, "skipped": skipped, "categories": {}}
@@ -489,6 +483,26 @@ def run_bench(
                 signal.signal(signal.SIGINT, previous)
             runner.close()
     return results
+
+
+def _meta(runner: Runner, prompts_total: int) -> dict:
+    """What results.json says about a run before its first prompt: settings, target, machine, the
+    configurations and the stored cost profile."""
+    return {
+        "settings": {k: v for k, v in vars(runner.s).items()},
+        "target": runner.target.path,
+        "target_description": runner.target.info.description,
+        "configs": [vars(c) for c in runner.configs],
+        "prompts_total": prompts_total,
+        "cpu_count": os.cpu_count(),
+        "machine": platform.machine(),
+        "platform": platform.platform(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "framing": runner.framing,
+        "verify_cost_s": {str(k): v for k, v in runner.costs.items()},  # the stored cost profile
+        "cost_profile": runner.cost_profile,
+        "interrupted": False,
+    }
 
 
 def verify_cost(target: str, opts_kw: dict, max_k: int, repeats: int, out_dir: str | None) -> dict:
