@@ -388,18 +388,10 @@ class Engine:
         return Step(gamma, draft, logits, n, token, len(batch), pad, t1 - t0, t2 - t1, time.perf_counter() - t2)
 
     def _draft(self, context: list[int], limit: int) -> tuple[int, Draft]:
-        """The draft length the policy chooses (0 to `limit`) and the drafter's proposal, cut to
-        what the policy wants verified when the drafter offered fewer tokens than asked."""
-        drafter = self.drafter
-        if drafter is None:
+        """This step's draft length and draft (`propose_draft`); none without a drafter."""
+        if self.drafter is None:
             return 0, Draft()
-        gamma = max(0, min(self.policy.choose(drafter.hint(context)), limit))
-        if gamma == 0:
-            return 0, Draft()
-        draft = drafter.propose(context, gamma)
-        if 0 < len(draft) < gamma:
-            draft = draft.head(self.policy.fit(len(draft)))
-        return gamma, draft
+        return propose_draft(self.drafter, self.policy, context, limit)
 
     def _batch(self, context: list[int], draft: Draft, min_rows: int) -> tuple[list[int], int]:
         """The rows of the verification pass, [x_last, d_1..d_k], and how many committed tokens
@@ -435,6 +427,19 @@ class Engine:
             new, sources, by = new[:remaining], sources[:remaining], by[:remaining]
             finish = finish or "length"
         return new, sources, by, finish
+
+
+def propose_draft(drafter: Drafter, policy: GammaPolicy, context: list[int], limit: int) -> tuple[int, Draft]:
+    """A step's draft: the length the policy chooses (0 to `limit`) and the drafter's proposal, cut
+    to what the policy wants verified when the drafter offered fewer tokens than asked. The engine
+    drafts with this, and so does a replay of its loop over recorded outputs (benchmarks.ngram_replay)."""
+    gamma = max(0, min(policy.choose(drafter.hint(context)), limit))
+    if gamma == 0:
+        return 0, Draft()
+    draft = drafter.propose(context, gamma)
+    if 0 < len(draft) < gamma:
+        draft = draft.head(policy.fit(len(draft)))
+    return gamma, draft
 
 
 def _columns(shown: list[Shown]) -> tuple[list[int], list[str], list[str], list[str]]:
