@@ -34,6 +34,7 @@ from edgespec.core.engine import FixedGamma, GammaPolicy, propose_draft
 from edgespec.core.stats import Stats
 from edgespec.models.loader import RuntimeOptions
 from edgespec.runtime.firstrun import cache_dir
+from edgespec.service.bench.runner import BENCH_MAX_TOKENS
 from edgespec.service.session import Request, Session, frame
 from edgespec.service.suites import GROUNDED, grounded_prompts, load_suite, shipped_suites
 
@@ -226,7 +227,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--target", default="gemma3-270m")
     ap.add_argument("--grounded", type=int, default=8, help="prompts per grounded category")
     ap.add_argument("--open", type=int, default=2, help="prompts per open-ended category")
-    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=BENCH_MAX_TOKENS, help="the bench's length (default %(default)s)")
     ap.add_argument("--table", action="store_true", help="print the acceptance-chain table")
     ap.add_argument("--fixed", default="", help="also replay fixed draft lengths, e.g. 7,15")
     ap.add_argument("--branches", action="store_true", help="would a second candidate branch pay?")

@@ -35,6 +35,10 @@ from edgespec.runtime.errors import EdgeSpecError
 from edgespec.runtime.llama import Model, TextStream
 
 DRAFT, TARGET, BONUS = "draft", "target", "bonus"
+# The defaults of the generation settings, written once: the session's Request, the command line
+# and the UI read them from here.
+DEFAULT_MAX_TOKENS = 256
+VERIFIERS = ("rejection", "match")  # the first is the default (GenerationConfig.verifier)
 
 
 class GammaPolicy(Protocol):
@@ -89,7 +93,7 @@ class FixedGamma:
 
 @dataclass
 class GenerationConfig:
-    max_tokens: int = 256
+    max_tokens: int = DEFAULT_MAX_TOKENS
     sampling: SamplingParams = field(default_factory=SamplingParams)
     # Decode every step with at least this many rows. 2 puts the baseline on the same (batched)
     # kernel path as verification, which is how the engine's exactness is tested (README).
@@ -97,7 +101,7 @@ class GenerationConfig:
     stop_at_eog: bool = True
     # 'rejection': modified rejection sampling (min(1, p/q), residual resample); 'match': accept a
     # draft only if the target samples the same token (lossless, lower acceptance; for comparison).
-    verifier: str = "rejection"
+    verifier: str = VERIFIERS[0]
     # Keep the longest prefix of the prompt already in the target's KV cache (False: clear it and
     # prefill everything; logits then do not depend on what ran before, bit for bit).
     reuse_prefix: bool = True
@@ -105,7 +109,7 @@ class GenerationConfig:
     stop_strings: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.verifier not in ("rejection", "match"):
+        if self.verifier not in VERIFIERS:
             raise EdgeSpecError(f"verifier must be 'rejection' or 'match', got {self.verifier!r}")
         if self.max_tokens < 1:
             raise EdgeSpecError(f"max tokens must be >= 1, got {self.max_tokens}")

@@ -31,7 +31,15 @@ from edgespec.core import drafters as registry
 from edgespec.core.adaptive import AutoGamma
 from edgespec.core.costs import GAMMA_MAX, CostModel
 from edgespec.core.drafters import Drafter
-from edgespec.core.engine import Engine, FixedGamma, GammaPolicy, GenerationConfig, StepEvent
+from edgespec.core.engine import (
+    DEFAULT_MAX_TOKENS,
+    VERIFIERS,
+    Engine,
+    FixedGamma,
+    GammaPolicy,
+    GenerationConfig,
+    StepEvent,
+)
 from edgespec.core.sampling import SamplingParams
 from edgespec.core.stats import Stats
 from edgespec.models.loader import RuntimeOptions, load_model
@@ -48,11 +56,16 @@ from edgespec.runtime.llama import Model
 #   auto        chat when the model has a template; else transcript for a conversation, raw for a text
 #   question    chat when the model has a template, else qa: one answer to one prompt (the bench, distill)
 FRAMINGS = ("auto", "question", "chat", "transcript", "qa", "raw")
+DEFAULT_FRAMING = "auto"
 QA_FRAME = "Question: {prompt}\nAnswer:"
 # A base model goes on to write the next turn itself (Gemma-3-270M loops question and answer to the
 # token limit): each framing ends the reply where its next turn would begin.
 TRANSCRIPT_STOP = "\nUser:"
 QA_STOP = "\nQuestion:"
+# A request's drafter and draft length when it names none (Request; the command line and the UI
+# start from these).
+DEFAULT_DRAFT = "ngram"
+DEFAULT_GAMMA = "auto"
 
 
 def parse_gamma(value: str | int) -> GammaPolicy:
@@ -86,13 +99,13 @@ class Request:
     text: str | None = None
     messages: list[dict[str, str]] | None = None  # conversation ending with the user's turn
     system: str | None = None
-    framing: str = "auto"
-    draft: str = "ngram"  # 'none' | a registered drafter name[:ARG] | a draft model name or path
-    gamma: str = "auto"
+    framing: str = DEFAULT_FRAMING
+    draft: str = DEFAULT_DRAFT  # 'none' | a registered drafter name[:ARG] | a draft model name or path
+    gamma: str = DEFAULT_GAMMA
     ngram: tuple[int, int] = registry.NGRAM_SIZES
-    max_tokens: int = 256
+    max_tokens: int = DEFAULT_MAX_TOKENS
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    verifier: str = "rejection"
+    verifier: str = VERIFIERS[0]
     stop: tuple[str, ...] = ()  # generation ends before any of these strings
     reuse_prefix: bool = True  # keep the cached prefix of the prompt (False: prefill all of it)
     stop_at_eog: bool = True  # False: an end-of-generation token is just another token

@@ -26,6 +26,7 @@ from edgespec.service.session import Request
 
 N_COLUMNS = 3
 FRAME_S = 0.1  # replay refresh interval
+MAX_TOKENS = 128  # a column's answer at most, whatever the chat's setting: three columns run one after another
 METHOD = (
     "**Method:** each column ran **alone**, one after another, on all {cores} cores of this machine; "
     "every token's arrival time was recorded, and the columns below **replay those recorded timings "
@@ -125,7 +126,7 @@ def build_race_tab(ctx: AppContext) -> None:
     prompt = gr.Textbox(PAIR_PROMPT if cols0[0].target == PAIR[0] else DEFAULT_PROMPT, lines=3, label="Prompt",
                         elem_id="race-prompt")
     with gr.Row():
-        max_tokens = gr.Slider(8, 1024, value=min(d.max_tokens, 128), step=1, label="max tokens per column", elem_id="race-max-tokens")
+        max_tokens = gr.Slider(8, 1024, value=min(d.max_tokens, MAX_TOKENS), step=1, label="max tokens per column", elem_id="race-max-tokens")
         chat_fmt = gr.Checkbox(True, label="as a chat turn (the target's chat template, or User:/Assistant: "
                                "lines for a base model); off: the prompt as raw text")
         run = gr.Button("Race", variant="primary", elem_id="race-run")

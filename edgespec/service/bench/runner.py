@@ -42,25 +42,30 @@ from edgespec.core.costs import CostModel
 from edgespec.core.drafters import NGRAM_SIZES
 from edgespec.core.sampling import SamplingParams
 from edgespec.core.stats import Stats, speedup
+from edgespec.models.loader import RuntimeOptions
 from edgespec.runtime import llamacpp
 from edgespec.runtime.errors import EdgeSpecError
 from edgespec.service.bench.report import BASELINE, REF_LOOKUP, REF_PLAIN, versus_llamacpp
-from edgespec.service.session import FRAMINGS, Reply, Request, parse_gamma
+from edgespec.service.session import DEFAULT_DRAFT, DEFAULT_GAMMA, FRAMINGS, Reply, Request, parse_gamma
 from edgespec.service.suites import Prompt, load_suites, shipped_suites, suite_path
+
+# The bench's answers are shorter than a request's default (session.Request.max_tokens): every
+# prompt runs repeats x configurations times, and the speedup shows within this length.
+BENCH_MAX_TOKENS = 128
 
 
 @dataclass
 class BenchSettings:
     suites: list[str]
     target: str
-    drafts: list[str] = field(default_factory=lambda: ["ngram"])
-    gammas: list[str] = field(default_factory=lambda: ["auto"])
+    drafts: list[str] = field(default_factory=lambda: [DEFAULT_DRAFT])
+    gammas: list[str] = field(default_factory=lambda: [DEFAULT_GAMMA])
     ngram: tuple[int, int] = NGRAM_SIZES
     categories: list[str] = field(default_factory=list)
     per_category: int | None = None
-    temperature: float = 0.0
+    temperature: float = SamplingParams.temperature
     seed: int | None = None
-    max_tokens: int = 128
+    max_tokens: int = BENCH_MAX_TOKENS
     repeats: int = 3
     framing: str = "question"  # the session's framing: chat template, else 'Question: ...\nAnswer:'
     reference: bool = True
@@ -69,10 +74,10 @@ class BenchSettings:
     llama_cpp: list[str] = field(default_factory=list)  # llama.cpp speculation types run as references
     llama_cpp_draft_max: int = 16
     llama_cpp_draft_model: str | None = None  # draft-simple's -md; default: the first model:NAME in drafts
-    n_ctx: int = 4096
-    n_threads: int | None = None
-    flash_attn: str = "auto"
-    exact: bool = False
+    n_ctx: int = RuntimeOptions.n_ctx
+    n_threads: int | None = RuntimeOptions.n_threads
+    flash_attn: str = RuntimeOptions.flash_attn
+    exact: bool = RuntimeOptions.exact
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -153,7 +158,6 @@ class Runner:
 
     def __init__(self, s: BenchSettings, log: Callable[[str], None]) -> None:
         from edgespec.core import costs, drafters
-        from edgespec.models.loader import RuntimeOptions
         from edgespec.service.session import Session, frame
 
         self.s = s
