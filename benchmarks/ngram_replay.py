@@ -29,10 +29,12 @@ from collections.abc import Callable, Sequence
 
 from edgespec.core.adaptive import AutoGamma, size_class
 from edgespec.core.costs import CostModel
-from edgespec.core.drafters import Hint
 from edgespec.core.drafters.ngram import NgramDrafter
+from edgespec.core.engine import FixedGamma, GammaPolicy, propose_draft
+from edgespec.core.stats import Stats
 from edgespec.models.loader import RuntimeOptions
 from edgespec.runtime.firstrun import cache_dir
+from edgespec.service.bench.runner import BENCH_MAX_TOKENS
 from edgespec.service.session import Request, Session, frame
 from edgespec.service.suites import GROUNDED, grounded_prompts, load_suite, shipped_suites
 
@@ -109,37 +111,35 @@ def chain_table(rows: list[dict]) -> dict[int, list[list[int]]]:
     return table
 
 
-def replay(row: dict, policy: AutoGamma, costs: CostModel, d: NgramDrafter,
+def replay(row: dict, policy: GammaPolicy, costs: CostModel, d: NgramDrafter,
            branch: Callable[[list[int], list[int], int], None] | None = None) -> dict:
-    """Run the engine's loop over one recorded generation: choose, propose, fit, verify (greedy:
-    the accepted prefix), observe; each target pass costs the profile's T(k+1). `branch(context,
-    draft, n_accepted)` is told of every drafted step (for the second-candidate analysis)."""
+    """Run the engine's loop over one recorded generation: the engine's own draft phase (choose,
+    propose, fit: `engine.propose_draft`), verification (greedy: the accepted prefix of the draft
+    against the recorded output), observe, and the engine's counting (`Stats.record_step`); each
+    target pass costs the profile's T(k+1). `branch(context, draft, n_accepted)` is told of every
+    drafted step (for the second-candidate analysis)."""
     d.begin(row["prompt"])
     policy.start(costs)
     ctx = list(row["prompt"])
     out = row["out"]
-    done, seconds, calls, hist = 0, 0.0, 0, defaultdict(int)
-    while done < len(out):
-        remaining = len(out) - done
-        g = max(0, min(policy.choose(d.hint(ctx)), remaining - 1))
-        draft: list[int] = []
-        if g > 0:
-            draft = d.propose(ctx, g).tokens.tolist()
-            if 0 < len(draft) < g:
-                draft = draft[: policy.fit(len(draft))]
+    stats, seconds = Stats(), 0.0
+    while stats.generated < len(out):
+        done = stats.generated
+        limit = len(out) - done - 1 if costs.draft_cap is None else min(len(out) - done - 1, costs.draft_cap)
+        _, proposed = propose_draft(d, policy, ctx, limit)
+        draft = proposed.tokens.tolist()
         k = len(draft)
         n_acc = accepted_prefix(draft, out[done:])
         if branch is not None and k:
             branch(ctx, draft, n_acc)
         seconds += costs.seconds(k + 1)
-        calls += 1
-        hist[k] += 1
         policy.observe(k, n_acc)
         new = out[done : done + n_acc + 1]
         ctx += new
-        done += len(new)
+        stats.record_step(k, n_acc, len(new), len(new) if done + len(new) == len(out) else None, d.name)
         d.commit(ctx, n_acc)
-    return {"speedup": len(out) * costs.seconds(1) / seconds, "calls": calls, "gamma_hist": dict(hist)}
+    return {"speedup": len(out) * costs.seconds(1) / seconds, "calls": stats.target_calls,
+            "gamma_hist": dict(stats.gamma_hist)}
 
 
 def alternative(context: list[int], size: int, first: int, m: int) -> list[int]:
@@ -193,26 +193,7 @@ def second_candidates(rows: list[dict], costs: CostModel, lengths: Sequence[int]
               f"{stats['gained']} | {stats['extra']:.0f} | {per:.2f} | {tokens / cost:.2f} |")
 
 
-class Fixed:
-    """Draft `gamma` tokens whenever the drafter has a match (no policy), for reference."""
-
-    def __init__(self, gamma: int) -> None:
-        self.gamma = gamma
-
-    def start(self, costs: CostModel | None) -> None:
-        pass
-
-    def choose(self, hint: Hint) -> int:
-        return self.gamma if hint.size else 0
-
-    def fit(self, available: int) -> int:
-        return available
-
-    def observe(self, k: int, n_accepted: int) -> None:
-        pass
-
-
-Variant = Callable[[], tuple[AutoGamma, CostModel, NgramDrafter]]  # a fresh policy, its costs, a drafter
+Variant = Callable[[], tuple[GammaPolicy, CostModel, NgramDrafter]]  # a fresh policy, its costs, a drafter
 
 
 def compare(rows: list[dict], variants: dict[str, Variant]) -> None:
@@ -246,7 +227,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--target", default="gemma3-270m")
     ap.add_argument("--grounded", type=int, default=8, help="prompts per grounded category")
     ap.add_argument("--open", type=int, default=2, help="prompts per open-ended category")
-    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=BENCH_MAX_TOKENS, help="the bench's length (default %(default)s)")
     ap.add_argument("--table", action="store_true", help="print the acceptance-chain table")
     ap.add_argument("--fixed", default="", help="also replay fixed draft lengths, e.g. 7,15")
     ap.add_argument("--branches", action="store_true", help="would a second candidate branch pay?")
@@ -285,7 +266,7 @@ def main(argv: list[str]) -> int:
         "auto, drafts <= 16": lambda: (AutoGamma(gamma_max=16), costs, NgramDrafter()),
     }
     for g in (int(x) for x in args.fixed.split(",") if x.strip()):
-        variants[f"gamma {g}"] = lambda g=g: (Fixed(g), costs, NgramDrafter())
+        variants[f"gamma {g}"] = lambda g=g: (FixedGamma(g), costs, NgramDrafter())
     compare(rows, variants)
     if args.branches:
         second_candidates(rows, costs)

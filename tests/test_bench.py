@@ -24,7 +24,15 @@ from edgespec.core.engine import first_divergence
 from edgespec.core.stats import Stats
 from edgespec.runtime.errors import EdgeSpecError
 from edgespec.runtime.profiles import profile_rows
-from edgespec.service.bench.runner import BASELINE, REF_LOOKUP, REF_PLAIN, BenchSettings, aggregate, pooled
+from edgespec.service.bench.runner import (
+    BASELINE,
+    REF_LOOKUP,
+    REF_PLAIN,
+    TIMED_FIGURES,
+    BenchSettings,
+    aggregate,
+    pooled,
+)
 from edgespec.service.session import FRAMINGS, QA_FRAME, Request, frame
 from edgespec.service.suites import load_suite, load_suites, shipped_suites
 
@@ -172,6 +180,7 @@ def test_pooled_figures_are_those_of_all_generations():
     costs = CostModel({1: 0.01, 64: 0.01}, c=0.1)
     row = pooled([GEN_A, GEN_B], costs)
     _check_pooled_ab(row)
+    assert not set(TIMED_FIGURES) & set(row["stats"])  # the row's one rate is its own tokens_per_s
     # at alpha 2/3: E(2) = 1 + 2/3 + 4/9 = 19/9, E(4) = 211/81; 4 E(2) + E(4) = 895/81 tokens for
     # 4 * 1.2 + 1.4 = 6.2 passes
     assert row["predicted_speedup"] == pytest.approx(895 / 81 / 6.2)
@@ -194,6 +203,7 @@ def test_aggregate_pools_rates_and_stats_over_prompts():
     # 150 tokens in 100/20 + 50/50 = 6 seconds
     assert cats["a"]["x"]["tokens_per_s"] == pytest.approx(25.0) and cats["a"]["x"]["speedup"] == pytest.approx(2.5)
     assert cats["overall"]["x"]["prompts"] == 2
+    assert not set(TIMED_FIGURES) & set(cats["a"]["x"]["stats"])  # one rate per cell: its tokens_per_s
     _check_pooled_ab(cats["a"]["x"])
     assert cats["a"]["x"]["predicted_speedup"] == pytest.approx(895 / 81 / 6.2)
     assert "predicted_speedup" not in cats["a"][BASELINE] and cats["a"][BASELINE]["stats"]["target_calls"] == 200

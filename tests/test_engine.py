@@ -158,3 +158,25 @@ def test_plain_decoding_is_one_token_per_target_call(smollm2):
     st = res.stats
     assert res.finish_reason == "eog" and st.target_calls == st.generated + 1
     assert st.tokens_per_call == 1.0 and st.produced == st.target_calls
+
+
+def test_the_engine_ends_at_a_stop_string_and_counts_to_its_end(gemma):
+    """GenerationConfig.stop_strings: the engine ends the generation where the stop string begins
+    (finish reason 'stop' on its last event), with the tokens of the run without it up to there, and
+    counts the steps once, up to the token that completed the stop string, like a step cut by an
+    end-of-generation token."""
+    prompt = encode(gemma, PROMPTS[0])
+    full = Reply.collect(Engine(gemma, NgramDrafter(), FixedGamma(4)).generate(prompt, same_path(64)))
+    stop = next(full.text[i : i + 3] for i in range(8, len(full.text) - 3) if full.text[i] == "\n")
+    at = full.text.index(stop)
+    events = list(Engine(gemma, NgramDrafter(), FixedGamma(4)).generate(prompt, same_path(64, stop_strings=(stop,))))
+    cut = Reply.collect(iter(events))
+    assert cut.finish_reason == "stop" == events[-1].finish_reason and cut.text == full.text[:at]
+    assert cut.tokens == full.tokens[: len(cut.tokens)] and cut.sources == full.sources[: len(cut.sources)]
+    ends = [len("".join(full.pieces[: i + 1])) for i in range(len(full.tokens))]
+    produced = next(i + 1 for i, e in enumerate(ends) if e >= at + len(stop))
+    st = cut.stats
+    assert st.generated == len(cut.tokens) and st.produced == produced and st.target_calls == len(events)
+    assert st.accepted == full.sources[:produced].count(DRAFT)
+    with pytest.raises(EdgeSpecError, match="stop strings"):
+        GenerationConfig(stop_strings=("",))

@@ -4,10 +4,11 @@ would do. No model needed: the outputs here are made up."""
 
 from __future__ import annotations
 
-from benchmarks.ngram_replay import Fixed, accepted_prefix, alternative, chain_table, replay
+from benchmarks.ngram_replay import accepted_prefix, alternative, chain_table, replay
 from edgespec.core.adaptive import AutoGamma
 from edgespec.core.costs import CostModel
 from edgespec.core.drafters.ngram import NgramDrafter
+from edgespec.core.engine import FixedGamma
 
 COSTS = CostModel({k: 0.010 + 0.002 * (k - 1) for k in range(1, 18)})
 TEXT = list(range(100, 160))  # 60 distinct tokens
@@ -17,7 +18,7 @@ def test_a_copied_output_is_drafted_and_priced():
     """The output repeats the prompt: drafts are accepted, passes are fewer than tokens, and the
     replayed speedup is tokens * T(1) over the summed T(k+1)."""
     row = {"prompt": TEXT + [1] + TEXT[:8], "out": TEXT[8:48]}
-    res = replay(row, Fixed(7), COSTS, NgramDrafter())
+    res = replay(row, FixedGamma(7), COSTS, NgramDrafter())
     assert res["calls"] == 5 and res["gamma_hist"] == {7: 5}  # 8 tokens per pass
     assert abs(res["speedup"] - 40 * 0.010 / (5 * COSTS.seconds(8))) < 1e-9
     auto = replay(row, AutoGamma(), COSTS, NgramDrafter())
@@ -28,6 +29,16 @@ def test_text_that_never_repeats_is_decoded_plainly_by_gamma_auto():
     row = {"prompt": TEXT[:20], "out": TEXT[20:60]}
     res = replay(row, AutoGamma(), COSTS, NgramDrafter())
     assert res["gamma_hist"] == {0: 40} and abs(res["speedup"] - 1.0) < 1e-9
+
+
+def test_a_fixed_gamma_drafts_only_where_the_drafter_has_a_match():
+    """The engine's FixedGamma asks for 7 tokens on every step. The output copies the prompt for 8
+    tokens (7 drafts and the bonus), then leaves it: the next draft is cut to the 2 tokens the
+    budget leaves after its pass and rejected, and where the drafter has no match it proposes
+    nothing, so the last two steps are plain passes."""
+    row = {"prompt": TEXT[:10] + [1] + TEXT[:2], "out": TEXT[2:10] + [7, 8, 9]}
+    res = replay(row, FixedGamma(7), COSTS, NgramDrafter())
+    assert res["calls"] == 4 and res["gamma_hist"] == {7: 1, 2: 1, 0: 2}
 
 
 def test_chain_table_counts_each_position_once_reached():

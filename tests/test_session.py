@@ -6,25 +6,26 @@ from dataclasses import replace
 
 import pytest
 
-from edgespec.core.engine import StepEvent
-from edgespec.core.stats import Stats
+from edgespec.core.engine import Shown, StopStrings
 from edgespec.models.loader import RuntimeOptions
 from edgespec.runtime.errors import EdgeSpecError
-from edgespec.service.session import TRANSCRIPT_STOP, Request, Session, StopStrings, frame, parse_gamma
+from edgespec.service.session import TRANSCRIPT_STOP, Request, Session, frame, parse_gamma
 
 
-def event(pieces: list[str], done: bool = False) -> StepEvent:
-    n = len(pieces)
-    return StepEvent(list(range(n)), ["target"] * n, pieces, [""] * n, 0, 0, 0, Stats(), "length" if done else None)
+def step(pieces: list[str], first: int) -> list[Shown]:
+    """One step's tokens, numbered on from `first`, with the given pieces."""
+    return [(first + i, "target", p, "") for i, p in enumerate(pieces)]
 
 
 def feed(stops: list[str], steps: list[list[str]]) -> tuple[str, bool, list[str]]:
     f = StopStrings(stops)
     shown: list[str] = []
+    n = 0
     for i, pieces in enumerate(steps):
-        out, hit = f.push(event(pieces, done=i == len(steps) - 1))
+        out, end = f.push(step(pieces, n), done=i == len(steps) - 1)
+        n += len(pieces)
         shown.append("".join(p for _, _, p, _ in out))
-        if hit:
+        if end is not None:
             return f.text, True, shown
     return f.text, False, shown
 
@@ -65,13 +66,15 @@ def test_no_stop_strings_release_everything_at_once():
 ])
 def test_stop_string_inside_a_token_keeps_the_text_before_it(stops, steps, text, pieces, step_end):
     f = StopStrings(stops)
-    out: list[tuple[int, str, str, str]] = []
-    for i, step in enumerate(steps):
-        released, hit = f.push(event(step, done=i == len(steps) - 1))
+    out: list[Shown] = []
+    end, n = None, 0
+    for i, pieces_ in enumerate(steps):
+        released, end = f.push(step(pieces_, n), done=i == len(steps) - 1)
+        n += len(pieces_)
         out += released
-    assert hit and f.text == text
+    assert f.text == text and f.released == len(pieces)
     assert [p for _, _, p, _ in out] == pieces and [t for t, _, _, _ in out] == list(range(len(pieces)))
-    assert f.step_end == step_end  # tokens of the last step up to the one that completed the stop string
+    assert end == step_end  # tokens of the last step up to the one that completed the stop string
 
 
 @pytest.mark.parametrize("kw, msg", [

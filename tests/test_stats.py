@@ -1,34 +1,23 @@
-"""`Stats`: counting steps (alpha by draft depth included), correcting the step a stop string ended
-in, pooling generations with `merge`, and the round trip through `to_dict` / `from_dict`."""
+"""`Stats`: counting steps (alpha by draft depth included, a step a stop string ended in), pooling
+generations with `merge`, and the round trip through `to_dict` / `from_dict`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import pytest
 
 from edgespec.core.drafters.ngram import NgramDrafter
 from edgespec.core.engine import Engine, FixedGamma, GenerationConfig
-from edgespec.core.stats import PLAIN_KEEP, Stats
-
-
-@dataclass
-class Step:
-    """What end_in_step reads of an engine.StepEvent."""
-
-    drafted: int
-    accepted: int
-    produced: int
-    done: bool = False
-    source: str = ""
+from edgespec.core.stats import PLAIN_KEEP, Stats, speedup
 
 
 def test_alpha_by_depth_counts_each_tested_draft_at_its_depth():
     st = Stats()
-    st.record_step(4, 2, 3, False, False)  # d1 d2 accepted, d3 rejected, d4 never tested
-    st.record_step(3, 3, 4, False, False)  # d1 d2 d3 accepted, bonus
-    st.record_step(0, 0, 1, False, False)  # plain step: no depth
-    st.record_step(5, 0, 1, False, False)  # d1 rejected
+    st.record_step(4, 2, 3)  # d1 d2 accepted, d3 rejected, d4 never tested
+    st.record_step(3, 3, 4)  # d1 d2 d3 accepted, bonus
+    st.record_step(0, 0, 1)  # plain step: no depth
+    st.record_step(5, 0, 1)  # d1 rejected
     assert st.depth_tested == [3, 2, 2]
     assert st.depth_accepted == [2, 2, 1]
     assert st.alpha_by_depth == [pytest.approx(2 / 3), 1.0, 0.5]
@@ -40,23 +29,25 @@ def test_alpha_by_depth_counts_each_tested_draft_at_its_depth():
 def test_alpha_by_depth_stops_at_the_generations_end():
     st = Stats()
     # 4 drafts all accepted, but the 2nd token produced was end-of-generation: depths 1-2 only
-    st.record_step(4, 4, 1, True, True)
+    st.record_step(4, 4, 1, end=2)
     assert (st.depth_tested, st.depth_accepted) == ([1, 1], [1, 1])
     st = Stats()
     # 1 of 4 accepted, the correction is the last token allowed: d2 was tested (rejected) before the end
-    st.record_step(4, 1, 2, False, True)
+    st.record_step(4, 1, 2, end=2)
     assert (st.depth_tested, st.depth_accepted) == ([1, 1], [1, 0])
     assert st.alpha_by_depth == [1.0, 0.0]
 
 
-def test_end_in_step_recounts_the_depths_of_the_last_step():
+def test_a_step_a_stop_string_ended_in_counts_to_the_stop_strings_end():
+    """A stop string begun by a token an earlier step counted as answer and completed by the 2nd
+    token of a fully accepted 5-draft step: the answer loses that token, the step's drafts count up
+    to its 2nd token, and the end tokens are the stop string's three."""
     st = Stats()
-    st.record_step(2, 0, 1, False, False, "context")
-    st.record_step(5, 5, 6, False, False, "answers")  # counted in full, then a stop string ends it at token 2
-    assert st.depth_tested == [2, 1, 1, 1, 1]
-    st.end_in_step(Step(drafted=5, accepted=5, produced=6, source="answers"), produced=2, generated=2)
+    st.record_step(2, 0, 1, source="context")
+    st.record_step(5, 5, -1, end=2, source="answers")
+    assert (st.generated, st.end_tokens, st.produced) == (0, 3, 3)
     assert st.source_drafted == {"context": 2, "answers": 2} and st.source_accepted == {"context": 0, "answers": 2}
-    assert st.depth_tested == [2, 1]  # depths 3-5 came after the end: no longer tested
+    assert st.depth_tested == [2, 1]  # depths 3-5 came after the end: never tested
     assert st.depth_accepted == [1, 1]
     assert (st.drafted, st.accepted, st.rejections) == (4, 2, 1)
     assert st.accepted_hist == {0: 1, 2: 1}
@@ -130,3 +121,9 @@ def test_depth_counts_agree_with_the_engines_other_counters(smollm2):
     assert sum(st.depth_accepted) == st.accepted
     assert sum(st.depth_tested) == st.accepted + st.rejections
     assert len(st.depth_tested) <= 6
+
+
+def test_speedup_is_one_rate_over_another():
+    """The one speedup of two measured rates: their ratio, and 0.0 when there is no baseline rate."""
+    assert speedup(30.0, 20.0) == pytest.approx(1.5) and speedup(20.0, 20.0) == 1.0
+    assert speedup(12.0, 0.0) == 0.0

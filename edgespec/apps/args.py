@@ -34,7 +34,10 @@ def not_empty(what: str) -> Callable[[str], str]:
 
 
 def add_runtime_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--ctx", type=int, default=4096, help="context size in tokens (default 4096, at least 256)")
+    from edgespec.models.loader import MIN_CTX, RuntimeOptions
+
+    ctx = RuntimeOptions.n_ctx
+    ap.add_argument("--ctx", type=int, default=ctx, help=f"context size in tokens (default {ctx}, at least {MIN_CTX})")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: all available cores)")
     ap.add_argument("--flash-attn", choices=["auto", "on", "off"], default="auto")
     ap.add_argument(
@@ -47,31 +50,37 @@ def add_runtime_args(ap: argparse.ArgumentParser) -> None:
 
 def add_generation_args(ap: argparse.ArgumentParser) -> None:
     from edgespec.core.drafters import NGRAM_SIZES, kinds
-    from edgespec.service.session import FRAMINGS
+    from edgespec.core.engine import DEFAULT_MAX_TOKENS, VERIFIERS
+    from edgespec.core.sampling import SamplingParams
+    from edgespec.models import DEFAULT_TARGET
+    from edgespec.service.session import DEFAULT_DRAFT, DEFAULT_FRAMING, DEFAULT_GAMMA, FRAMINGS
 
     names = " | ".join(["none", *kinds()])
     ap.add_argument("--target", default=None, type=not_empty("give a .gguf path or a model name, or leave --target out "
-                                                              "for smollm2-135m"),
-                    help="target model: .gguf path or name (default smollm2-135m)")
-    ap.add_argument("--draft", default="ngram", type=not_empty("write --draft none for plain decoding, or one of "
-                                                               f"{names}"),
-                    help=f"{names}[:ARG] | a draft model path or name (default ngram)")
-    ap.add_argument("--gamma", default="auto", help="draft length per step: a number, or auto (default)")
+                                                              f"for {DEFAULT_TARGET}"),
+                    help=f"target model: .gguf path or name (default {DEFAULT_TARGET})")
+    ap.add_argument("--draft", default=DEFAULT_DRAFT, type=not_empty("write --draft none for plain decoding, or one of "
+                                                                     f"{names}"),
+                    help=f"{names}[:ARG] | a draft model path or name (default {DEFAULT_DRAFT})")
+    ap.add_argument("--gamma", default=DEFAULT_GAMMA,
+                    help=f"draft length per step: a number, or auto (default {DEFAULT_GAMMA})")
     lo, hi = NGRAM_SIZES
     ap.add_argument("--ngram", default=f"{lo},{hi}", help=f"n-gram sizes for the ngram drafter as MIN,MAX (default {lo},{hi})")
-    ap.add_argument("--max-tokens", type=int, default=256)
-    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    ap.add_argument("--top-k", type=int, default=0)
-    ap.add_argument("--top-p", type=float, default=1.0)
-    ap.add_argument("--min-p", type=float, default=0.0)
-    ap.add_argument("--seed", type=int, default=None, help="seed for sampling, 0 to 2^64-1 (default, or -1: random)")
+    ap.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help=f"default {DEFAULT_MAX_TOKENS}")
+    ap.add_argument("--temperature", type=float, default=SamplingParams.temperature,
+                    help=f"0 = greedy (default {SamplingParams.temperature:g})")
+    ap.add_argument("--top-k", type=int, default=SamplingParams.top_k)
+    ap.add_argument("--top-p", type=float, default=SamplingParams.top_p)
+    ap.add_argument("--min-p", type=float, default=SamplingParams.min_p)
+    ap.add_argument("--seed", type=int, default=SamplingParams.seed,
+                    help="seed for sampling, 0 to 2^64-1 (default, or -1: random)")
     ap.add_argument(
         "--verifier",
-        choices=["rejection", "match"],
-        default="rejection",
+        choices=VERIFIERS,
+        default=VERIFIERS[0],
         help="at temperature > 0: modified rejection sampling (default) or exact match of the target's own sample",
     )
-    ap.add_argument("--framing", choices=FRAMINGS, default="auto",
+    ap.add_argument("--framing", choices=FRAMINGS, default=DEFAULT_FRAMING,
                     help="how the prompt is fed: auto (chat template if the model has one, else raw), chat, "
                     "transcript, qa or raw")
     ap.add_argument("--chat", action="store_true", help="same as --framing chat")

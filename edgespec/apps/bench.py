@@ -7,10 +7,11 @@ import sys
 from pathlib import Path
 
 from edgespec.core.drafters import NGRAM_SIZES
+from edgespec.models import DEFAULT_TARGET
 from edgespec.runtime import llamacpp
 from edgespec.runtime.errors import EdgeSpecError
-from edgespec.service.bench.runner import BenchSettings, run_bench, verify_cost
-from edgespec.service.session import FRAMINGS
+from edgespec.service.bench.runner import BENCH_MAX_TOKENS, BenchSettings, run_bench, verify_cost
+from edgespec.service.session import DEFAULT_DRAFT, DEFAULT_GAMMA, FRAMINGS
 from edgespec.service.suites import load_suites
 
 
@@ -24,29 +25,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--suite", action="append", default=[],
                     help="JSONL suite file, or the name of a shipped suite (code_edit, spec_bench) (repeatable)")
-    ap.add_argument("--target", default=None, help="target model: .gguf path or bundled name (default smollm2-135m)")
-    ap.add_argument("--draft", action="append", default=[], help="candidate drafter: ngram or a draft model (repeatable; default ngram)")
-    ap.add_argument("--gamma", action="append", default=[], help="draft length: a number or auto (repeatable; default auto)")
+    ap.add_argument("--target", default=None, help=f"target model: .gguf path or bundled name (default {DEFAULT_TARGET})")
+    ap.add_argument("--draft", action="append", default=[],
+                    help=f"candidate drafter: ngram or a draft model (repeatable; default {DEFAULT_DRAFT})")
+    ap.add_argument("--gamma", action="append", default=[],
+                    help=f"draft length: a number or auto (repeatable; default {DEFAULT_GAMMA})")
     ngram = ",".join(map(str, NGRAM_SIZES))
     ap.add_argument("--ngram", default=ngram, help=f"n-gram sizes for the ngram drafter as MIN,MAX (default {ngram})")
     ap.add_argument("--category", action="append", default=[], help="only this category (repeatable)")
     ap.add_argument("--per-category", type=int, default=None, help="first N prompts of each category")
-    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); outputs are compared only when greedy")
-    ap.add_argument("--seed", type=int, default=None)
-    ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--temperature", type=float, default=BenchSettings.temperature,
+                    help=f"0 = greedy (default {BenchSettings.temperature:g}); outputs are compared only when greedy")
+    ap.add_argument("--seed", type=int, default=BenchSettings.seed)
+    ap.add_argument("--max-tokens", type=int, default=BENCH_MAX_TOKENS,
+                    help=f"default {BENCH_MAX_TOKENS}: shorter than a request's, as every prompt runs many times")
+    ap.add_argument("--repeats", type=int, default=BenchSettings.repeats, help=f"default {BenchSettings.repeats}")
     ap.add_argument("--framing", choices=FRAMINGS, default=BenchSettings.framing,
                     help="question (default): the chat template if the model has one, else 'Question: ...\\nAnswer:'; "
                     "the others as in app.py --framing")
     ap.add_argument("--no-reference", action="store_true", help="skip llama-cpp-python's plain and prompt-lookup runs")
-    ap.add_argument("--lookup-tokens", type=int, default=10, help="llama-cpp-python prompt lookup num_pred_tokens (default 10)")
-    ap.add_argument("--lookup-ngram", type=int, default=2, help="llama-cpp-python prompt lookup max_ngram_size (default 2)")
+    ap.add_argument("--lookup-tokens", type=int, default=BenchSettings.lookup_tokens,
+                    help=f"llama-cpp-python prompt lookup num_pred_tokens (default {BenchSettings.lookup_tokens})")
+    ap.add_argument("--lookup-ngram", type=int, default=BenchSettings.lookup_ngram,
+                    help=f"llama-cpp-python prompt lookup max_ngram_size (default {BenchSettings.lookup_ngram})")
     ap.add_argument("--reference", action="append", default=[], metavar="llama.cpp:TYPE,...",
                     help="also run llama.cpp's own speculation (llama-speculative-simple, built by "
                     "scripts/build_reference.sh) with these types: " + ",".join(llamacpp.SPEC_TYPES) +
                     f", {llamacpp.DRAFT_TYPE} (its draft-model mode) or {llamacpp.DRAFT_TYPE}/N_MAX/N_MIN/P_MIN")
-    ap.add_argument("--reference-draft-max", type=int, default=16,
-                    help="llama.cpp's --spec-draft-n-max (default 16; its n-gram types draft with their own lengths)")
+    ap.add_argument("--reference-draft-max", type=int, default=BenchSettings.llama_cpp_draft_max,
+                    help=f"llama.cpp's --spec-draft-n-max (default {BenchSettings.llama_cpp_draft_max}; its n-gram "
+                    "types draft with their own lengths)")
     ap.add_argument("--reference-draft-model", default=None, metavar="MODEL",
                     help="draft model for llama.cpp's draft-simple (default: the first --draft model:NAME)")
     ap.add_argument("--out", default=None, help="output folder (results.json, report.md, plots)")
@@ -57,7 +65,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    from edgespec.models import DEFAULT_TARGET
     from edgespec.service.session import parse_ngram
 
     args = build_parser().parse_args(argv)
@@ -76,8 +83,8 @@ def main(argv: list[str]) -> int:
     s = BenchSettings(
         suites=args.suite,
         target=target,
-        drafts=args.draft or ["ngram"],
-        gammas=args.gamma or ["auto"],
+        drafts=args.draft or [DEFAULT_DRAFT],
+        gammas=args.gamma or [DEFAULT_GAMMA],
         ngram=parse_ngram(args.ngram),
         categories=args.category,
         per_category=args.per_category,

@@ -11,6 +11,10 @@ Prefix reuse: a generation starts from whatever the target's cache already holds
 generation's prompt and output, also between steps of the discipline above): it keeps the longest
 cached prefix of prompt[:-1] (`Model.reuse`) and prefills only the rest, so a chat turn decodes the
 new turn, not the whole conversation. GenerationConfig.reuse_prefix=False clears the cache first.
+Ending: a generation ends at an end-of-generation token, at max_tokens, at a stop string
+(GenerationConfig.stop_strings, `StopStrings`: the answer is the text before it, and text that may
+begin one is held back from the events), at a full context or when asked to stop; the step that
+ends it is counted once, up to the token that ended it.
 """
 
 from __future__ import annotations
@@ -31,6 +35,10 @@ from edgespec.runtime.errors import EdgeSpecError
 from edgespec.runtime.llama import Model, TextStream
 
 DRAFT, TARGET, BONUS = "draft", "target", "bonus"
+# The defaults of the generation settings, written once: the session's Request, the command line
+# and the UI read them from here.
+DEFAULT_MAX_TOKENS = 256
+VERIFIERS = ("rejection", "match")  # the first is the default (GenerationConfig.verifier)
 
 
 class GammaPolicy(Protocol):
@@ -85,7 +93,7 @@ class FixedGamma:
 
 @dataclass
 class GenerationConfig:
-    max_tokens: int = 256
+    max_tokens: int = DEFAULT_MAX_TOKENS
     sampling: SamplingParams = field(default_factory=SamplingParams)
     # Decode every step with at least this many rows. 2 puts the baseline on the same (batched)
     # kernel path as verification, which is how the engine's exactness is tested (README).
@@ -93,27 +101,34 @@ class GenerationConfig:
     stop_at_eog: bool = True
     # 'rejection': modified rejection sampling (min(1, p/q), residual resample); 'match': accept a
     # draft only if the target samples the same token (lossless, lower acceptance; for comparison).
-    verifier: str = "rejection"
+    verifier: str = VERIFIERS[0]
     # Keep the longest prefix of the prompt already in the target's KV cache (False: clear it and
     # prefill everything; logits then do not depend on what ran before, bit for bit).
     reuse_prefix: bool = True
+    # The generation ends before any of these strings (finish reason 'stop'; `StopStrings`).
+    stop_strings: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.verifier not in ("rejection", "match"):
+        if self.verifier not in VERIFIERS:
             raise EdgeSpecError(f"verifier must be 'rejection' or 'match', got {self.verifier!r}")
         if self.max_tokens < 1:
             raise EdgeSpecError(f"max tokens must be >= 1, got {self.max_tokens}")
+        if any(not s for s in self.stop_strings):
+            raise EdgeSpecError("stop strings must not be empty")
 
 
 @dataclass
 class StepEvent:
-    """What one target call produced.
+    """What one target call produced, as the generation shows it.
 
     tokens/sources/pieces/drafters are aligned: sources[i] is 'draft' (proposed and accepted),
     'target' (sampled by the target after a rejection, or with no draft) or 'bonus' (all drafts
     accepted, one more from the same pass); pieces[i] is the text that token completed (may be ''
     while a multi-byte character is still incomplete); drafters[i] names the drafter that proposed a
-    'draft' token ('ngram', 'learned', 'model:...') and is '' for the target's own tokens.
+    'draft' token ('ngram', 'learned', 'model:...') and is '' for the target's own tokens. With stop
+    strings (GenerationConfig.stop_strings) these are the tokens that can be shown now: text that
+    may begin a stop string is held back to a later event, and never shown if it does begin one
+    (`StopStrings`). gamma, drafted and accepted are the step's own.
     """
 
     tokens: list[int]
@@ -124,7 +139,7 @@ class StepEvent:
     drafted: int  # draft tokens actually proposed (k <= gamma)
     accepted: int
     stats: Stats
-    finish_reason: str | None = None  # 'eog' | 'length' | 'context' | 'stopped' on the last event
+    finish_reason: str | None = None  # 'eog' | 'length' | 'stop' | 'context' | 'stopped' on the last event
     source: str = ""  # who proposed this step's draft (as drafters[i] names it); '' when none was drafted
 
     @property
@@ -135,11 +150,76 @@ class StepEvent:
     def done(self) -> bool:
         return self.finish_reason is not None
 
-    @property
-    def produced(self) -> int:
-        """Tokens this step produced up to the generation's end: its tokens, plus the
-        end-of-generation token that ended it (not shown)."""
-        return len(self.tokens) + (self.finish_reason == "eog")
+
+Shown = tuple[int, str, str, str]  # one token as a generation shows it: (id, source, piece, drafter)
+
+
+class StopStrings:
+    """Ends a generation before any stop string, holding back text that might be the start of one
+    so a consumer never shows it. The answer is the text up to the stop string's first character (as
+    llama-server and OpenAI's API answer), even where that falls inside a token: the token it falls
+    in is kept with its piece cut there (its id and source unchanged); a token that would keep no
+    text is dropped with everything after it."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = tuple(stops)
+        self.longest = max((len(s) for s in self.stops), default=0)
+        self.text = ""  # everything released so far (kept only when there are stop strings)
+        self.released = 0  # tokens released so far: after a hit, the answer's
+        self._held: list[Shown] = []  # not yet released
+
+    def push(self, tokens: list[Shown], done: bool) -> tuple[list[Shown], int | None]:
+        """The tokens of one step that can be shown now, and where a stop string was completed: how
+        many of `tokens` were produced up to its end (the token that completed it included), None
+        when none was. `done`: the generation ends with this step, so nothing is held back."""
+        if not self.stops:
+            return tokens, None
+        before = len(self._held)
+        self._held.extend(tokens)
+        window = self.text + "".join(p for _, _, p, _ in self._held)
+        first = max(0, len(self.text) - self.longest)
+        hits = [(h, h + len(s)) for s in self.stops if (h := window.find(s, first)) >= 0]
+        if hits:
+            cut, stop_end = min(hits)  # the earliest stop string (the shorter one of two at one place)
+            out, end, last = [], len(self.text), 0
+            for i, (tok, src, piece, by) in enumerate(self._held):
+                if end < cut:  # the token's text starts before the stop string: keep that part
+                    out.append((tok, src, piece[: cut - end], by))
+                end += len(piece)
+                if end >= stop_end:
+                    last = i  # the token that completed the stop string
+                    break
+            self._held = []
+            self._release(out)
+            # no earlier push held a whole stop string, so it was completed by one of these tokens
+            return out, last - before + 1
+        if done:
+            out, self._held = self._held, []
+        else:
+            out = self._held[: len(self._held) - self._held_back(window)]
+            self._held = self._held[len(out) :]
+        self._release(out)
+        return out, None
+
+    def _held_back(self, window: str) -> int:
+        """How many of the held tokens to keep holding: the fewest whose text covers the longest
+        end of `window` that is the start of a stop string."""
+        keep = 0
+        for s in self.stops:
+            for n in range(min(len(s) - 1, len(window)), 0, -1):
+                if window.endswith(s[:n]):
+                    keep = max(keep, n)
+                    break
+        tail = 0
+        for i in range(len(self._held) - 1, -1, -1):
+            if tail >= keep:
+                return len(self._held) - 1 - i
+            tail += len(self._held[i][2])
+        return len(self._held)
+
+    def _release(self, out: list[Shown]) -> None:
+        self.text += "".join(p for _, _, p, _ in out)
+        self.released += len(out)
 
 
 @dataclass
@@ -190,28 +270,61 @@ class Engine:
         config: GenerationConfig | None = None,
         stop: threading.Event | None = None,
     ) -> Iterator[StepEvent]:
-        """Yield one event per target call until EOG, max_tokens, a full context or `stop`."""
+        """Yield one event per target call until EOG, max_tokens, a stop string, a full context or
+        `stop`."""
         cfg = config or GenerationConfig()
         target = self.target
-        drafter = self.drafter
-        if len(prompt) == 0:
-            raise EdgeSpecError("the prompt is empty")
-        if len(prompt) >= target.n_ctx:
-            raise EdgeSpecError(
-                f"the prompt is {len(prompt)} tokens but the context holds {target.n_ctx}; "
-                "shorten it or raise --ctx"
-            )
+        self._check_prompt(prompt)
         self.policy.start(self.costs)
         cap = self.costs.draft_cap if self.costs is not None else None
         noise = Noise(cfg.sampling.seed)
-        hidden = self.needs_hidden
         stats = Stats(prompt_tokens=len(prompt), target_bytes=target.info.size_bytes)
-        stream = TextStream(target)
+        stream, stops = TextStream(target), StopStrings(cfg.stop_strings)
         context = [int(t) for t in prompt]
         t0 = time.perf_counter()
+        self._prefill(context, cfg, stats)
+        stats.prefill_s = time.perf_counter() - t0
+        step_end = t0 + stats.prefill_s
 
-        # The cache keeps the longest prefix of prompt[:-1] it holds; the last prompt token is the
-        # first step's x_last, so it is always decoded (and counted as prefilled).
+        while True:
+            room = target.n_ctx - target.n_past - 1  # the batch [x_last, d_1..d_k] needs k+1 slots
+            end = "stopped" if stop is not None and stop.is_set() else "context" if room < 0 else None
+            if end is not None:
+                stats.wall_s = time.perf_counter() - t0
+                shown, _ = stops.push([], done=True)
+                yield StepEvent(*_columns(shown), 0, 0, 0, stats, end)
+                return
+            remaining = cfg.max_tokens - stats.generated
+            limit = min(remaining - 1, room) if cap is None else min(remaining - 1, room, cap)
+            s = self.step(context, limit, cfg, noise)
+            ev, produced = self._commit(s, context, remaining, cfg, stats, stream, stops)
+            now = time.perf_counter()
+            if s.rows == 1:
+                # the whole plain step, as tokens/s sees it: the pass, the engine's work around it
+                # and the consumer's time since the last event
+                stats.record_plain_pass(now - step_end)
+            step_end = now
+            if stats.ttft_s is None and produced:
+                stats.ttft_s = now - t0
+            stats.wall_s = now - t0
+            yield ev
+            if ev.done:
+                return
+
+    def _check_prompt(self, prompt: Sequence[int]) -> None:
+        if len(prompt) == 0:
+            raise EdgeSpecError("the prompt is empty")
+        if len(prompt) >= self.target.n_ctx:
+            raise EdgeSpecError(
+                f"the prompt is {len(prompt)} tokens but the context holds {self.target.n_ctx}; "
+                "shorten it or raise --ctx"
+            )
+
+    def _prefill(self, context: list[int], cfg: GenerationConfig, stats: Stats) -> None:
+        """Bring the target's cache to the prompt but its last token and start the drafter. The
+        cache keeps the longest prefix of prompt[:-1] it holds; the last prompt token is the first
+        step's x_last, so it is always decoded (and counted as prefilled)."""
+        target = self.target
         if cfg.reuse_prefix:
             reused = target.reuse(context[:-1])
         else:
@@ -221,51 +334,41 @@ class Engine:
             target.decode(context[reused:-1], n_logits=0)
         stats.prompt_reused = reused
         stats.prompt_prefilled = len(context) - reused
+        if self.drafter is not None:
+            self.drafter.begin(context, cfg.sampling)
+
+    def _commit(self, s: Step, context: list[int], remaining: int, cfg: GenerationConfig, stats: Stats,
+                stream: TextStream, stops: StopStrings) -> tuple[StepEvent, int]:
+        """Keep what step `s` produced: its tokens join `context` and the drafter's view, their text
+        is decoded and checked for stop strings, and the step is counted in `stats` once, up to the
+        token that ended the generation when one did. Returns the step's event (its timings are the
+        caller's) and how many tokens the step added to the context."""
+        k, n_acc = len(s.draft), s.n_accepted
+        stats.draft_s += s.draft_s
+        stats.target_s += s.target_s
+        stats.verify_s += s.verify_s
+        stats.pass_s.setdefault(s.rows, []).append(s.target_s)
+        self.policy.observe(k, n_acc)
+
+        new, sources, by, finish = self._shown(s, remaining, cfg.stop_at_eog)
+        source = (s.draft.source or self.drafter_name) if k else ""
+        context.extend(new)
+        drafter = self.drafter
         if drafter is not None:
-            drafter.begin(context, cfg.sampling)
-        stats.prefill_s = time.perf_counter() - t0
-        step_end = t0 + stats.prefill_s
-
-        while True:
-            room = target.n_ctx - target.n_past - 1  # the batch [x_last, d_1..d_k] needs k+1 slots
-            end = "stopped" if stop is not None and stop.is_set() else "context" if room < 0 else None
-            if end is not None:
-                stats.wall_s = time.perf_counter() - t0
-                yield StepEvent([], [], [], [], 0, 0, 0, stats, end)
-                return
-            remaining = cfg.max_tokens - stats.generated
-            limit = min(remaining - 1, room) if cap is None else min(remaining - 1, room, cap)
-            s = self.step(context, limit, cfg, noise)
-            k, n_acc = len(s.draft), s.n_accepted
-            stats.draft_s += s.draft_s
-            stats.target_s += s.target_s
-            stats.verify_s += s.verify_s
-            stats.pass_s.setdefault(s.rows, []).append(s.target_s)
-            self.policy.observe(k, n_acc)
-
-            new, sources, by, finish = self._shown(s, remaining, cfg.stop_at_eog)
-            source = (s.draft.source or self.drafter_name) if k else ""
-            stats.record_step(k, n_acc, len(new), finish == "eog", finish is not None, source)
-            context.extend(new)
-            if drafter is not None:
-                if hidden and finish is None:
-                    drafter.observe_hidden(target.last_hidden[s.pad + n_acc])
-                drafter.commit(context, n_acc)
-            pieces = [stream.push(t) for t in new]
-            if finish is not None and pieces:
-                pieces[-1] += stream.flush()
-            now = time.perf_counter()
-            if s.rows == 1:
-                # the whole plain step, as tokens/s sees it: the pass, the engine's work around it
-                # and the consumer's time since the last event
-                stats.record_plain_pass(now - step_end)
-            step_end = now
-            if stats.ttft_s is None and new:
-                stats.ttft_s = now - t0
-            stats.wall_s = now - t0
-            yield StepEvent(new, sources, pieces, by, s.gamma, k, n_acc, stats, finish, source)
-            if finish is not None:
-                return
+            if self.needs_hidden and finish is None:
+                drafter.observe_hidden(self.target.last_hidden[s.pad + n_acc])
+            drafter.commit(context, n_acc)
+        pieces = [stream.push(t) for t in new]
+        if finish is not None and pieces:
+            pieces[-1] += stream.flush()
+        shown, end = stops.push(list(zip(new, sources, pieces, by, strict=True)), finish is not None)
+        if end is not None:  # a stop string ends the answer where it begins; the step counts to its end
+            finish, answer = "stop", stops.released - stats.generated
+        else:
+            end = None if finish is None else len(new) + (finish == "eog")
+            answer = len(new)
+        stats.record_step(k, n_acc, answer, end, source)
+        return StepEvent(*_columns(shown), s.gamma, k, n_acc, stats, finish, source), len(new)
 
     def step(self, context: list[int], limit: int, cfg: GenerationConfig, noise: Noise) -> Step:
         """One step of Algorithm 1 from `context` (prompt + committed tokens; the target's cache
@@ -289,18 +392,10 @@ class Engine:
         return Step(gamma, draft, logits, n, token, len(batch), pad, t1 - t0, t2 - t1, time.perf_counter() - t2)
 
     def _draft(self, context: list[int], limit: int) -> tuple[int, Draft]:
-        """The draft length the policy chooses (0 to `limit`) and the drafter's proposal, cut to
-        what the policy wants verified when the drafter offered fewer tokens than asked."""
-        drafter = self.drafter
-        if drafter is None:
+        """This step's draft length and draft (`propose_draft`); none without a drafter."""
+        if self.drafter is None:
             return 0, Draft()
-        gamma = max(0, min(self.policy.choose(drafter.hint(context)), limit))
-        if gamma == 0:
-            return 0, Draft()
-        draft = drafter.propose(context, gamma)
-        if 0 < len(draft) < gamma:
-            draft = draft.head(self.policy.fit(len(draft)))
-        return gamma, draft
+        return propose_draft(self.drafter, self.policy, context, limit)
 
     def _batch(self, context: list[int], draft: Draft, min_rows: int) -> tuple[list[int], int]:
         """The rows of the verification pass, [x_last, d_1..d_k], and how many committed tokens
@@ -336,6 +431,27 @@ class Engine:
             new, sources, by = new[:remaining], sources[:remaining], by[:remaining]
             finish = finish or "length"
         return new, sources, by, finish
+
+
+def propose_draft(drafter: Drafter, policy: GammaPolicy, context: list[int], limit: int) -> tuple[int, Draft]:
+    """A step's draft: the length the policy chooses (0 to `limit`) and the drafter's proposal, cut
+    to what the policy wants verified when the drafter offered fewer tokens than asked. The engine
+    drafts with this, and so does a replay of its loop over recorded outputs (benchmarks.ngram_replay)."""
+    gamma = max(0, min(policy.choose(drafter.hint(context)), limit))
+    if gamma == 0:
+        return 0, Draft()
+    draft = drafter.propose(context, gamma)
+    if 0 < len(draft) < gamma:
+        draft = draft.head(policy.fit(len(draft)))
+    return gamma, draft
+
+
+def _columns(shown: list[Shown]) -> tuple[list[int], list[str], list[str], list[str]]:
+    """Shown tokens as StepEvent's aligned lists: tokens, sources, pieces, drafters."""
+    if not shown:
+        return [], [], [], []
+    tokens, sources, pieces, drafters = zip(*shown, strict=True)
+    return list(tokens), list(sources), list(pieces), list(drafters)
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:

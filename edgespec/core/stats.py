@@ -6,25 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
-from typing import Protocol
 
 import numpy as np
 
 PLAIN_KEEP = 256  # plain-step timings kept per generation (Stats.plain_pass_s)
-
-
-class Step(Protocol):
-    """What `Stats.end_in_step` reads of a step (engine.StepEvent)."""
-
-    drafted: int
-    accepted: int
-    source: str
-
-    @property
-    def produced(self) -> int: ...
-
-    @property
-    def done(self) -> bool: ...
 
 
 @dataclass
@@ -168,20 +153,23 @@ class Stats:
         """Target weight bytes streamed per second (each target call reads all weights once)."""
         return self.target_bytes * self.target_calls / self.decode_s / 1e9
 
-    def record_step(self, k: int, n_acc: int, shown: int, eog: bool, ended: bool, source: str = "") -> None:
+    def record_step(self, k: int, n_acc: int, answer: int, end: int | None = None, source: str = "") -> None:
         """Count one target call that verified k draft tokens, proposed by `source`, and accepted
-        n_acc: `shown` tokens of answer, then the end-of-generation token if `eog`; `ended`: the
-        generation ended there."""
-        drafted, accepted, rejected = _step_counts(k, n_acc, shown + eog if ended else None)
+        n_acc, adding `answer` tokens to the answer. `end`: the generation ended at the step's
+        end-th token (None: it goes on); the step's tokens up to there that are not the answer's
+        ended it (an end-of-generation token, a stop string). A stop string may begin in tokens
+        earlier steps counted as answer, so `answer` can be below zero."""
+        drafted, accepted, rejected = _step_counts(k, n_acc, end)
         if drafted:
             self._add_source(source, drafted, accepted)
         self.target_calls += 1
-        self.generated += shown
-        self.end_tokens += eog
+        self.generated += answer
+        if end is not None:
+            self.end_tokens += end - answer
         self.drafted += drafted
         self.accepted += accepted
         self.rejections += rejected
-        self._count_depths(accepted, rejected, 1)
+        self._count_depths(accepted, rejected)
         self.gamma_hist[k] = self.gamma_hist.get(k, 0) + 1  # passes by draft length: what they cost
         if drafted:
             self.accepted_hist[accepted] = self.accepted_hist.get(accepted, 0) + 1
@@ -191,36 +179,11 @@ class Stats:
         self.plain_pass_s.append(seconds)
         del self.plain_pass_s[:-PLAIN_KEEP]
 
-    def end_in_step(self, ev: Step, produced: int, generated: int) -> None:
-        """The generation ended inside its last step `ev` (counted in full): at its `produced`-th
-        token, where a stop string was completed, with `generated` tokens of answer in all. Recount
-        that step up to there, as the engine counts a step cut short by an end-of-generation token."""
-        was = _step_counts(ev.drafted, ev.accepted, ev.produced if ev.done else None)
-        now = _step_counts(ev.drafted, ev.accepted, produced)
-        self.end_tokens = self.produced - ev.produced + produced - generated
-        self.generated = generated
-        self.drafted += now[0] - was[0]
-        self.accepted += now[1] - was[1]
-        self.rejections += now[2] - was[2]
-        self._count_depths(was[1], was[2], -1)
-        self._count_depths(now[1], now[2], 1)
-        if was[0]:
-            self._add_source(ev.source, now[0] - was[0], now[1] - was[1])
-        if was[0]:
-            self.accepted_hist[was[1]] -= 1
-            if not self.accepted_hist[was[1]]:
-                del self.accepted_hist[was[1]]
-        if now[0]:
-            self.accepted_hist[now[1]] = self.accepted_hist.get(now[1], 0) + 1
-
-    def _count_depths(self, accepted: int, rejected: int, sign: int) -> None:
-        """Count (sign 1) or uncount (-1) one step's drafts by depth: depths 1..accepted were tested
-        and accepted, depth accepted+1 tested and rejected when the step had a rejection."""
+    def _count_depths(self, accepted: int, rejected: int) -> None:
+        """Count one step's drafts by depth: depths 1..accepted were tested and accepted, depth
+        accepted+1 tested and rejected when the step had a rejection."""
         for d in range(accepted + rejected):
-            self._add_depth(d, sign, sign * (d < accepted))
-        while self.depth_tested and not self.depth_tested[-1]:  # depths no longer tested
-            self.depth_tested.pop()
-            self.depth_accepted.pop()
+            self._add_depth(d, 1, int(d < accepted))
 
     def _add_source(self, source: str, drafted: int, accepted: int) -> None:
         self.source_drafted[source] = self.source_drafted.get(source, 0) + drafted
@@ -270,3 +233,10 @@ def tested_drafts(k: int, n_acc: int, end: int | None = None) -> int:
     `record_step` counts them (`end` as for `_step_counts`)."""
     _, accepted, rejected = _step_counts(k, n_acc, end)
     return accepted + rejected
+
+
+def speedup(rate: float, baseline: float) -> float:
+    """How many times faster `rate` (tokens/s) is than `baseline` (tokens/s): the one speedup of
+    two measured rates (bench rows and cells, the race, the quantization report); 0.0 when there
+    is no baseline rate to compare with."""
+    return rate / baseline if baseline else 0.0

@@ -31,7 +31,15 @@ from edgespec.core import drafters as registry
 from edgespec.core.adaptive import AutoGamma
 from edgespec.core.costs import GAMMA_MAX, CostModel
 from edgespec.core.drafters import Drafter
-from edgespec.core.engine import Engine, FixedGamma, GammaPolicy, GenerationConfig, StepEvent
+from edgespec.core.engine import (
+    DEFAULT_MAX_TOKENS,
+    VERIFIERS,
+    Engine,
+    FixedGamma,
+    GammaPolicy,
+    GenerationConfig,
+    StepEvent,
+)
 from edgespec.core.sampling import SamplingParams
 from edgespec.core.stats import Stats
 from edgespec.models.loader import RuntimeOptions, load_model
@@ -48,11 +56,16 @@ from edgespec.runtime.llama import Model
 #   auto        chat when the model has a template; else transcript for a conversation, raw for a text
 #   question    chat when the model has a template, else qa: one answer to one prompt (the bench, distill)
 FRAMINGS = ("auto", "question", "chat", "transcript", "qa", "raw")
+DEFAULT_FRAMING = "auto"
 QA_FRAME = "Question: {prompt}\nAnswer:"
 # A base model goes on to write the next turn itself (Gemma-3-270M loops question and answer to the
 # token limit): each framing ends the reply where its next turn would begin.
 TRANSCRIPT_STOP = "\nUser:"
 QA_STOP = "\nQuestion:"
+# A request's drafter and draft length when it names none (Request; the command line and the UI
+# start from these).
+DEFAULT_DRAFT = "ngram"
+DEFAULT_GAMMA = "auto"
 
 
 def parse_gamma(value: str | int) -> GammaPolicy:
@@ -86,13 +99,13 @@ class Request:
     text: str | None = None
     messages: list[dict[str, str]] | None = None  # conversation ending with the user's turn
     system: str | None = None
-    framing: str = "auto"
-    draft: str = "ngram"  # 'none' | a registered drafter name[:ARG] | a draft model name or path
-    gamma: str = "auto"
+    framing: str = DEFAULT_FRAMING
+    draft: str = DEFAULT_DRAFT  # 'none' | a registered drafter name[:ARG] | a draft model name or path
+    gamma: str = DEFAULT_GAMMA
     ngram: tuple[int, int] = registry.NGRAM_SIZES
-    max_tokens: int = 256
+    max_tokens: int = DEFAULT_MAX_TOKENS
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    verifier: str = "rejection"
+    verifier: str = VERIFIERS[0]
     stop: tuple[str, ...] = ()  # generation ends before any of these strings
     reuse_prefix: bool = True  # keep the cached prefix of the prompt (False: prefill all of it)
     stop_at_eog: bool = True  # False: an end-of-generation token is just another token
@@ -114,18 +127,19 @@ class Request:
             raise EdgeSpecError(f"framing must be one of {', '.join(FRAMINGS)}, got {self.framing!r}")
         if self.system and self.framing in ("qa", "raw"):
             raise EdgeSpecError(f"a system message needs chat framing; {self.framing} framing has no place for it")
-        if any(not s for s in self.stop):
-            raise EdgeSpecError("stop strings must not be empty")
         self.policy()  # a bad gamma fails here, as one line
-        GenerationConfig(max_tokens=self.max_tokens, sampling=self.sampling, verifier=self.verifier)
+        self.config()  # and bad engine settings (max tokens, verifier, stop strings)
 
     def policy(self) -> GammaPolicy:
         """A fresh gamma policy (no learning carried over from another generation)."""
         return parse_gamma(self.gamma)
 
-    def config(self) -> GenerationConfig:
+    def config(self, stop: tuple[str, ...] = ()) -> GenerationConfig:
+        """The engine's settings for this request; `stop`: stop strings to add to the request's own
+        (those of its framing, Framed.stop)."""
         return GenerationConfig(max_tokens=self.max_tokens, sampling=self.sampling, verifier=self.verifier,
-                                reuse_prefix=self.reuse_prefix, stop_at_eog=self.stop_at_eog)
+                                reuse_prefix=self.reuse_prefix, stop_at_eog=self.stop_at_eog,
+                                stop_strings=self.stop + stop)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, text: str) -> Request:
@@ -209,66 +223,6 @@ def frame(model: Model, req: Request) -> Framed:
     if framing == "qa":
         return Framed(model.tokenize(QA_FRAME.format(prompt=text), add_special=True), framing, (QA_STOP,))
     return Framed(model.tokenize(text, add_special=True), framing, (), note)
-
-
-class StopStrings:
-    """Ends a generation before any stop string, holding back text that might be the start of one
-    so a consumer never shows it. The answer is the text up to the stop string's first character (as
-    llama-server and OpenAI's API answer), even where that falls inside a token: the token it falls
-    in is kept with its piece cut there (its id and source unchanged); a token that would keep no
-    text is dropped with everything after it."""
-
-    def __init__(self, stops: Sequence[str]) -> None:
-        self.stops = tuple(stops)
-        self.longest = max((len(s) for s in self.stops), default=0)
-        self.text = ""  # everything released so far
-        self._held: list[tuple[int, str, str, str]] = []  # (token, source, piece, drafter) not yet released
-        # After a hit: how many tokens of the event that hit were produced up to the end of the stop
-        # string (the token that completed it included), for counting that step (Stats.end_in_step).
-        self.step_end: int | None = None
-
-    def push(self, ev: StepEvent) -> tuple[list[tuple[int, str, str, str]], bool]:
-        """Tokens of `ev` that can be shown now, and whether a stop string was hit."""
-        before = len(self._held)
-        self._held.extend(zip(ev.tokens, ev.sources, ev.pieces, ev.drafters, strict=True))
-        window = self.text + "".join(p for _, _, p, _ in self._held)
-        first = max(0, len(self.text) - self.longest)
-        hits = [(h, h + len(s)) for s in self.stops if (h := window.find(s, first)) >= 0]
-        if hits:
-            cut, stop_end = min(hits)  # the earliest stop string (the shorter one of two at one place)
-            out, end, last = [], len(self.text), 0
-            for i, (tok, src, piece, by) in enumerate(self._held):
-                if end < cut:  # the token's text starts before the stop string: keep that part
-                    out.append((tok, src, piece[: cut - end], by))
-                end += len(piece)
-                if end >= stop_end:
-                    last = i  # the token that completed the stop string
-                    break
-            self._held = []
-            self.text += "".join(p for _, _, p, _ in out)
-            # no earlier push held a whole stop string, so it was completed by one of this event's tokens
-            self.step_end = last - before + 1
-            return out, True
-        if ev.done:
-            out, self._held = self._held, []
-        else:
-            keep = 0  # hold back the longest suffix that is a prefix of a stop string
-            for s in self.stops:
-                for n in range(min(len(s) - 1, len(window)), 0, -1):
-                    if window.endswith(s[:n]):
-                        keep = max(keep, n)
-                        break
-            out, tail = [], 0
-            for i in range(len(self._held) - 1, -1, -1):
-                if tail >= keep:
-                    out = self._held[: i + 1]
-                    self._held = self._held[i + 1 :]
-                    break
-                tail += len(self._held[i][2])
-            else:
-                out = []
-        self.text += "".join(p for _, _, p, _ in out)
-        return out, False
 
 
 @dataclass
@@ -432,23 +386,17 @@ class Session:
 
     def generate(self, req: Request, stop: threading.Event | None = None,
                  prepared: tuple[Framed, Engine] | None = None) -> Iterator[tuple[StepEvent, Reply]]:
-        """Run `req`; yield each engine event with the reply folded so far (stop strings applied:
-        the event's own tokens may include held-back text; the reply never does)."""
+        """Run `req`; yield each engine event with the reply folded so far. The engine ends the
+        generation at the request's and the framing's stop strings and holds back text that may
+        begin one, so events and reply carry only what can be shown."""
         framed, engine = prepared or self.prepare(req)
         reply = Reply(framing=framed.framing, note=framed.note, drafter=engine.drafter_name,
                       gamma=engine.policy.label, costs=engine.costs, target=self.target.path)
-        stops = StopStrings(req.stop + framed.stop)
         try:
-            for ev in engine.generate(framed.tokens, req.config(), stop):
-                released, hit = stops.push(ev)
-                toks, srcs, pcs, by = (list(x) for x in zip(*released, strict=True)) if released else ([], [], [], [])
-                reply.add(toks, srcs, pcs, by, ev.stats, "stop" if hit else ev.finish_reason)
-                if hit:  # count the generation up to the end of the stop string, and the answer's tokens
-                    ev.stats.end_in_step(ev, stops.step_end, len(reply.tokens))
+            for ev in engine.generate(framed.tokens, req.config(framed.stop), stop):
+                reply.add(ev.tokens, ev.sources, ev.pieces, ev.drafters, ev.stats, ev.finish_reason)
                 reply.policy = engine.policy.snapshot() if engine.drafter is not None else {}
                 yield ev, reply
-                if hit:
-                    break
         finally:
             if engine.drafter is not None and engine.drafter not in self._kept.values():
                 engine.drafter.close()

@@ -39,6 +39,7 @@ from edgespec.apps.quant.mx import FORMATS
 from edgespec.core.drafters.model import ModelDrafter
 from edgespec.core.drafters.ngram import NgramDrafter
 from edgespec.core.engine import Engine, FixedGamma, GenerationConfig
+from edgespec.core.stats import Stats, speedup
 from edgespec.models.loader import check_threads
 from edgespec.runtime.errors import EdgeSpecError
 from edgespec.runtime.llama import Model
@@ -194,33 +195,16 @@ def perplexity(model: Model, tokens: Sequence[int]) -> float:
     return float(np.exp(nll / max(n, 1)))
 
 
-@dataclass
-class SpeedSample:
-    tokens: int = 0
-    seconds: float = 0.0
-    drafted: int = 0
-    accepted: int = 0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds else 0.0
-
-
-def run_generation(target: Model, drafter, prompts: Sequence[Sequence[int]], gen_tokens: int, gamma: int) -> SpeedSample:
-    """Greedy generation of gen_tokens per prompt; decode time excludes prompt processing."""
+def run_generation(target: Model, drafter, prompts: Sequence[Sequence[int]], gen_tokens: int, gamma: int) -> Stats:
+    """Greedy generation of gen_tokens per prompt; the prompts' Stats pooled (`Stats.merge`: its
+    tokens/s counts decode time only, its acceptance is over all drafts)."""
     engine = Engine(target, drafter, FixedGamma(gamma if drafter is not None else 0))
     cfg = GenerationConfig(max_tokens=gen_tokens, stop_at_eog=False)
-    s = SpeedSample()
+    runs = []
     for toks in prompts:
-        last = None
-        for ev in engine.generate(list(toks), cfg):
-            last = ev
-        st = last.stats
-        s.tokens += st.generated
-        s.seconds += st.decode_s
-        s.drafted += st.drafted
-        s.accepted += st.accepted
-    return s
+        *_, last = engine.generate(list(toks), cfg)
+        runs.append(last.stats)
+    return Stats.merge(runs)
 
 
 @dataclass
@@ -284,17 +268,12 @@ def build_report(
     reps = [CandidateReport(summarize_file(c, lab)) for c, lab in zip(candidates, labels, strict=True)]
 
     log("weights: relative RMSE per tensor")
-    matrices = {t.name for t in open_gguf(reference).tensors if len(t.shape) >= 2}
-    for rep, per in zip(reps, tensor_rmse(reference, candidates), strict=True):
-        rep.rel_rmse_all = per.pop("__all__")
-        rep.rel_rmse_median, rep.rel_rmse_max_tensor, rep.rel_rmse_max = matrix_rmse_summary(per, matrices)
-        rep.per_tensor_rmse = dict(per)
+    _weights(reference, candidates, reps)
 
     def load(path: str | Path) -> Model:
         return Model(path, n_ctx=n_ctx, n_threads=n_threads, flash_attn="off")
 
     ref = load(reference)
-    ref_label = Path(reference).stem
     prompt_toks = [ref.tokenize(p)[:max_prompt_tokens] for p in prompts]
     text_toks = ref.tokenize(text)[:ppl_tokens]
     if len(text_toks) < 2:
@@ -302,50 +281,15 @@ def build_report(
     models = [load(c) for c in candidates]
 
     log("distributions: KL, top-1 agreement, alpha, perplexity")
-    ref_ppl = perplexity(ref, text_toks)
-    for rep, m in zip(tqdm(reps, desc="logits", disable=not show_progress, leave=False), models, strict=True):
-        st = compare_distributions(ref, m, prompt_toks)
-        rep.kl, rep.top1, rep.alpha, rep.positions = st.kl, st.top1, st.alpha, st.positions
-        rep.perplexity = perplexity(m, text_toks)
+    ref_ppl = _distributions(ref, models, reps, prompt_toks, text_toks, show_progress)
 
-    log(f"speed: {repeats} interleaved rounds of {gen_tokens} tokens x {min(speed_prompts, len(prompt_toks))} prompts")
     sp = prompt_toks[:speed_prompts]
-    drafters = [ModelDrafter(m, ref) for m in models]
-    runs: dict[str, list[list[SpeedSample]]] = {"ref": [[]], "plain": [[] for _ in models],
-                                                "ngram": [[] for _ in models], "draft": [[] for _ in models]}
-    total = repeats * (1 + 3 * len(models))
-    bar = tqdm(total=total, desc="speed", disable=not show_progress, leave=False)
-    for _ in range(repeats):
-        runs["ref"][0].append(run_generation(ref, None, sp, gen_tokens, 0))
-        bar.update()
-        for i, m in enumerate(models):
-            runs["plain"][i].append(run_generation(m, None, sp, gen_tokens, 0))
-            runs["ngram"][i].append(run_generation(m, NgramDrafter(), sp, gen_tokens, gamma))
-            runs["draft"][i].append(run_generation(ref, drafters[i], sp, gen_tokens, gamma))
-            bar.update(3)
-    bar.close()
-
-    def med(samples: list[SpeedSample]) -> float:
-        return float(statistics.median(s.tokens_per_s for s in samples))
-
-    def acc(samples: list[SpeedSample]) -> float:
-        drafted = sum(s.drafted for s in samples)
-        return sum(s.accepted for s in samples) / drafted if drafted else 0.0
-
-    ref_tps = med(runs["ref"][0])
-    for i, rep in enumerate(reps):
-        rep.decode_tps = med(runs["plain"][i])
-        rep.decode_ratio = rep.decode_tps / ref_tps
-        rep.ngram_tps = med(runs["ngram"][i])
-        rep.ngram_ratio = rep.ngram_tps / ref_tps
-        rep.ngram_acceptance = acc(runs["ngram"][i])
-        rep.draft_tps = med(runs["draft"][i])
-        rep.draft_ratio = rep.draft_tps / ref_tps
-        rep.draft_acceptance = acc(runs["draft"][i])
+    log(f"speed: {repeats} interleaved rounds of {gen_tokens} tokens x {len(sp)} prompts")
+    ref_tps = _speed(ref, models, reps, sp, gen_tokens, repeats, gamma, show_progress)
     for m in [ref, *models]:
         m.close()
 
-    ref_summary = summarize_file(reference, ref_label)
+    ref_summary = summarize_file(reference, Path(reference).stem)
     return {
         "reference": asdict(ref_summary) | {"perplexity": ref_ppl, "decode_tps": ref_tps},
         "candidates": [asdict(r) for r in reps],
@@ -363,6 +307,63 @@ def build_report(
             "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
         },
     }
+
+
+def _weights(reference: str | Path, candidates: Sequence[str | Path], reps: list[CandidateReport]) -> None:
+    """Each candidate's relative RMSE against the reference: over all weights, the median and worst
+    of its matrices, and per tensor."""
+    matrices = {t.name for t in open_gguf(reference).tensors if len(t.shape) >= 2}
+    for rep, per in zip(reps, tensor_rmse(reference, candidates), strict=True):
+        rep.rel_rmse_all = per.pop("__all__")
+        rep.rel_rmse_median, rep.rel_rmse_max_tensor, rep.rel_rmse_max = matrix_rmse_summary(per, matrices)
+        rep.per_tensor_rmse = dict(per)
+
+
+def _distributions(ref: Model, models: Sequence[Model], reps: list[CandidateReport], prompt_toks: list[list[int]],
+                   text_toks: list[int], show_progress: bool) -> float:
+    """Each candidate's next-token statistics against the reference and its perplexity; returns
+    the reference's perplexity."""
+    ref_ppl = perplexity(ref, text_toks)
+    for rep, m in zip(tqdm(reps, desc="logits", disable=not show_progress, leave=False), models, strict=True):
+        st = compare_distributions(ref, m, prompt_toks)
+        rep.kl, rep.top1, rep.alpha, rep.positions = st.kl, st.top1, st.alpha, st.positions
+        rep.perplexity = perplexity(m, text_toks)
+    return ref_ppl
+
+
+def _speed(ref: Model, models: Sequence[Model], reps: list[CandidateReport], sp: list[list[int]], gen_tokens: int,
+           repeats: int, gamma: int, show_progress: bool) -> float:
+    """Each candidate's speeds over the reference's plain decoding, in interleaved rounds: plain,
+    as target with the n-gram drafter, as draft model for the reference (median tok/s of the
+    rounds; acceptance pooled over them). Returns the reference's plain tok/s."""
+    drafters = [ModelDrafter(m, ref) for m in models]
+    runs: dict[str, list[list[Stats]]] = {"ref": [[]], "plain": [[] for _ in models],
+                                          "ngram": [[] for _ in models], "draft": [[] for _ in models]}
+    bar = tqdm(total=repeats * (1 + 3 * len(models)), desc="speed", disable=not show_progress, leave=False)
+    for _ in range(repeats):
+        runs["ref"][0].append(run_generation(ref, None, sp, gen_tokens, 0))
+        bar.update()
+        for i, m in enumerate(models):
+            runs["plain"][i].append(run_generation(m, None, sp, gen_tokens, 0))
+            runs["ngram"][i].append(run_generation(m, NgramDrafter(), sp, gen_tokens, gamma))
+            runs["draft"][i].append(run_generation(ref, drafters[i], sp, gen_tokens, gamma))
+            bar.update(3)
+    bar.close()
+
+    def med(rounds: list[Stats]) -> float:
+        return float(statistics.median(st.tokens_per_s for st in rounds))
+
+    ref_tps = med(runs["ref"][0])
+    for i, rep in enumerate(reps):
+        rep.decode_tps = med(runs["plain"][i])
+        rep.decode_ratio = speedup(rep.decode_tps, ref_tps)
+        rep.ngram_tps = med(runs["ngram"][i])
+        rep.ngram_ratio = speedup(rep.ngram_tps, ref_tps)
+        rep.ngram_acceptance = Stats.merge(runs["ngram"][i]).acceptance_rate
+        rep.draft_tps = med(runs["draft"][i])
+        rep.draft_ratio = speedup(rep.draft_tps, ref_tps)
+        rep.draft_acceptance = Stats.merge(runs["draft"][i]).acceptance_rate
+    return ref_tps
 
 
 def to_markdown(report: dict, title: str | None = None) -> str:

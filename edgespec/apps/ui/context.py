@@ -6,25 +6,30 @@ import threading
 from dataclasses import dataclass, field
 
 from edgespec.core import drafters
+from edgespec.core.engine import DEFAULT_MAX_TOKENS
+from edgespec.core.sampling import SamplingParams
+from edgespec.models import DEFAULT_TARGET
 from edgespec.models.loader import RuntimeOptions
 from edgespec.runtime.errors import EdgeSpecError
 from edgespec.service.pool import ModelPool
+from edgespec.service.session import DEFAULT_DRAFT, DEFAULT_GAMMA
 
 
 @dataclass
 class Defaults:
-    """Initial values of the controls (from the command line)."""
+    """Initial values of the controls (from the command line; the defaults are the session's and
+    the engine's own)."""
 
-    target: str = "smollm2-135m"
-    draft: str = "ngram"  # a --draft spec: none | a registered drafter NAME[:ARG] | a draft model name/path
-    gamma: str = "auto"
+    target: str = DEFAULT_TARGET
+    draft: str = DEFAULT_DRAFT  # a --draft spec: none | a registered drafter NAME[:ARG] | a draft model name/path
+    gamma: str = DEFAULT_GAMMA
     ngram: tuple[int, int] = drafters.NGRAM_SIZES
-    max_tokens: int = 256
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    seed: int | None = None
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    temperature: float = SamplingParams.temperature
+    top_k: int = SamplingParams.top_k
+    top_p: float = SamplingParams.top_p
+    min_p: float = SamplingParams.min_p
+    seed: int | None = SamplingParams.seed
     system: str = "You are a helpful assistant."
 
 

@@ -20,11 +20,13 @@ from edgespec.apps.ui import render
 from edgespec.apps.ui.context import AppContext
 from edgespec.apps.ui.live import Tracker, stream
 from edgespec.core import drafters
+from edgespec.core.stats import speedup
 from edgespec.runtime.errors import EdgeSpecError, one_line
 from edgespec.service.session import Request
 
 N_COLUMNS = 3
 FRAME_S = 0.1  # replay refresh interval
+MAX_TOKENS = 128  # a column's answer at most, whatever the chat's setting: three columns run one after another
 METHOD = (
     "**Method:** each column ran **alone**, one after another, on all {cores} cores of this machine; "
     "every token's arrival time was recorded, and the columns below **replay those recorded timings "
@@ -124,7 +126,7 @@ def build_race_tab(ctx: AppContext) -> None:
     prompt = gr.Textbox(PAIR_PROMPT if cols0[0].target == PAIR[0] else DEFAULT_PROMPT, lines=3, label="Prompt",
                         elem_id="race-prompt")
     with gr.Row():
-        max_tokens = gr.Slider(8, 1024, value=min(d.max_tokens, 128), step=1, label="max tokens per column", elem_id="race-max-tokens")
+        max_tokens = gr.Slider(8, 1024, value=min(d.max_tokens, MAX_TOKENS), step=1, label="max tokens per column", elem_id="race-max-tokens")
         chat_fmt = gr.Checkbox(True, label="as a chat turn (the target's chat template, or User:/Assistant: "
                                "lines for a base model); off: the prompt as raw text")
         run = gr.Button("Race", variant="primary", elem_id="race-run")
@@ -261,7 +263,7 @@ def replay(cols: list[Column], runs: list[Tracker], htmls: list[str], note: str 
             "label": col.label, "target": col.target, "drafter": r.drafter if r is not None else col.drafter,
             "gamma": r.gamma if r is not None else col.gamma, "framing": r.framing if r is not None else None,
             "tokens_per_s": tps,
-            "speedup": tps / base if base else 0.0,
+            "speedup": speedup(tps, base),
             "generated": len(tr.tokens), "text": tr.text, "error": tr.error,
             "finish_reason": tr.finish_reason,
         })

@@ -12,6 +12,8 @@ import json
 import os
 from pathlib import Path
 
+from edgespec.core.stats import speedup
+
 # Names of the configurations every run has (the bench builds them, the report lays them out).
 BASELINE = "baseline"
 REF_PLAIN = "llama-cpp-python"
@@ -41,11 +43,25 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def report_markdown(res: dict) -> str:
+    cats = res["categories"]
+    names = [c["name"] for c in res["meta"]["configs"]]
+    order = [c for c in cats if c != "overall"] + (["overall"] if "overall" in cats else [])
+    lines = _header(res) + _speedup_table(cats, names, order)
+    for cat in order:
+        lines += _category_table(cat, cats[cat], names)
+    lines += llamacpp_section(res)
+    if res["meta"]["settings"]["temperature"] == 0:
+        lines += _divergence_section(res)
+    if res["skipped"]:
+        lines += ["", "## Skipped", ""] + [f"- {s['id']}: {s['reason']}" for s in res["skipped"]]
+    lines += _cost_section(res["meta"]["verify_cost_s"])
+    return "\n".join(lines) + "\n"
+
+
+def _header(res: dict) -> list[str]:
+    """The run's settings and machine, how the figures are made, and warnings about the cost profile."""
     meta = res["meta"]
     st = meta["settings"]
-    cats = res["categories"]
-    names = [c["name"] for c in meta["configs"]]
-    order = [c for c in cats if c != "overall"] + (["overall"] if "overall" in cats else [])
     lines = [
         "# EdgeSpec benchmark",
         "",
@@ -63,20 +79,21 @@ def report_markdown(res: dict) -> str:
         "(accepted / drafted), alpha (accepted / tested), mean accepted and target calls pool every "
         "repeat and prompt; predicted = the cost model at those pooled figures.",
         "",
-        *(
-            ["**Warning:** T(1) of the stored cost profile is over twice the baseline's seconds per token "
-             "(the profile was measured under machine load): predicted speedups are unreliable; "
-             "EDGESPEC_RECALIBRATE=1 measures it again.", ""]
-            if meta.get("verify_cost_suspect")
-            else []
-        ),
-        *(
-            ["**Note:** the stored cost profile was measured again during the run (the session found it "
-             "slower than the machine's single-token passes); T(K) below is the one at the start, and "
-             "later runs were predicted with the new one.", ""]
-            if meta.get("cost_profile_changed")
-            else []
-        ),
+    ]
+    if meta.get("verify_cost_suspect"):
+        lines += ["**Warning:** T(1) of the stored cost profile is over twice the baseline's seconds per token "
+                  "(the profile was measured under machine load): predicted speedups are unreliable; "
+                  "EDGESPEC_RECALIBRATE=1 measures it again.", ""]
+    if meta.get("cost_profile_changed"):
+        lines += ["**Note:** the stored cost profile was measured again during the run (the session found it "
+                  "slower than the machine's single-token passes); T(K) below is the one at the start, and "
+                  "later runs were predicted with the new one.", ""]
+    return lines
+
+
+def _speedup_table(cats: dict, names: list[str], order: list[str]) -> list[str]:
+    """Speedup of every configuration (rows) in every category (columns)."""
+    lines = [
         "## Speedup per category",
         "",
         "| configuration | " + " | ".join(order) + " |",
@@ -91,64 +108,74 @@ def report_markdown(res: dict) -> str:
                 txt += f" (own {cell['speedup_vs_own_baseline']:.2f}x)"
             cells.append(txt)
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    for cat in order:
-        lines += [
-            "",
-            f"## {cat}",
-            "",
-            "| configuration | tok/s | speedup | predicted | acceptance | alpha | mean accepted | target calls | identical |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
-        for name in names:
-            c = cats[cat][name]
-            ident = f"{c['identical']}/{c['prompts']}" if "identical" in c else "–"
-            if c.get("divergences"):
-                ident += f" ({c['near_tie_divergences']}/{c['divergences']} near-tie)"
-            cells = [f"{c['tokens_per_s']:.1f}", f"{c['speedup']:.2f}x", _fmt(c.get("predicted_speedup")),
-                     *_stats_cells(c), ident]
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += llamacpp_section(res)
+    return lines
+
+
+def _category_table(cat: str, row: dict, names: list[str]) -> list[str]:
+    """One category's figures per configuration."""
+    lines = [
+        "",
+        f"## {cat}",
+        "",
+        "| configuration | tok/s | speedup | predicted | acceptance | alpha | mean accepted | target calls | identical |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name in names:
+        c = row[name]
+        ident = f"{c['identical']}/{c['prompts']}" if "identical" in c else "–"
+        if c.get("divergences"):
+            ident += f" ({c['near_tie_divergences']}/{c['divergences']} near-tie)"
+        cells = [f"{c['tokens_per_s']:.1f}", f"{c['speedup']:.2f}x", _fmt(c.get("predicted_speedup")),
+                 *_stats_cells(c), ident]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _divergence_section(res: dict) -> list[str]:
+    """Greedy runs: where each output that differs from the baseline's does, and whether the
+    baseline itself varied between repeats."""
     divs = [
         (p["id"], name, d)
         for p in res["prompts"]
         for name, e in p["results"].items()
         for d in e.get("divergences", [])
     ]
-    if st["temperature"] == 0:
-        lines += ["", "## Greedy outputs that differ from the baseline", ""]
-        if divs:
-            lines += [
-                "| prompt | configuration | position | baseline token | candidate token | top-2 logit gap | near-tie |",
-                "|---|---|---|---|---|---|---|",
-            ]
-            for pid, name, d in divs:
-                lines.append(
-                    f"| {pid} | {name} | {d['position']} | {d['baseline_token']} | {d['candidate_token']} | "
-                    f"{d['top2_gap']:.3f} | {'yes' if d['near_tie'] else '**no**'} |"
-                )
-        else:
-            lines.append("None: every configuration produced the baseline's tokens on every prompt.")
-        unstable = [p["id"] for p in res["prompts"] if not p["baseline_stable"]]
-        if unstable:
-            lines.append(f"\nBaseline output varied between repeats on: {', '.join(unstable)}")
-    if res["skipped"]:
-        lines += ["", "## Skipped", ""] + [f"- {s['id']}: {s['reason']}" for s in res["skipped"]]
-    costs = meta["verify_cost_s"]
-    if costs:
-        t1 = costs["1"]
-        ks = [k for k in ("2", "3", "5", "8", "9", "16", "17", "24", "32", "48", "64") if k in costs]
+    lines = ["", "## Greedy outputs that differ from the baseline", ""]
+    if divs:
         lines += [
-            "",
-            "## Verification cost T(K)/T(1) on this machine",
-            "",
-            "From the stored cost profile that gamma auto and the predicted speedups use "
-            "(`python app.py bench --verify-cost` measures afresh).",
-            "",
-            "| K | " + " | ".join(ks) + " |",
-            "|---|" + "---|" * len(ks),
-            "| T(K)/T(1) | " + " | ".join(f"{costs[k] / t1:.2f}" for k in ks) + " |",
+            "| prompt | configuration | position | baseline token | candidate token | top-2 logit gap | near-tie |",
+            "|---|---|---|---|---|---|---|",
         ]
-    return "\n".join(lines) + "\n"
+        for pid, name, d in divs:
+            lines.append(
+                f"| {pid} | {name} | {d['position']} | {d['baseline_token']} | {d['candidate_token']} | "
+                f"{d['top2_gap']:.3f} | {'yes' if d['near_tie'] else '**no**'} |"
+            )
+    else:
+        lines.append("None: every configuration produced the baseline's tokens on every prompt.")
+    unstable = [p["id"] for p in res["prompts"] if not p["baseline_stable"]]
+    if unstable:
+        lines.append(f"\nBaseline output varied between repeats on: {', '.join(unstable)}")
+    return lines
+
+
+def _cost_section(costs: dict[str, float]) -> list[str]:
+    """T(K)/T(1) of the stored cost profile at a few K (none when the run has no profile)."""
+    if not costs:
+        return []
+    t1 = costs["1"]
+    ks = [k for k in ("2", "3", "5", "8", "9", "16", "17", "24", "32", "48", "64") if k in costs]
+    return [
+        "",
+        "## Verification cost T(K)/T(1) on this machine",
+        "",
+        "From the stored cost profile that gamma auto and the predicted speedups use "
+        "(`python app.py bench --verify-cost` measures afresh).",
+        "",
+        "| K | " + " | ".join(ks) + " |",
+        "|---|" + "---|" * len(ks),
+        "| T(K)/T(1) | " + " | ".join(f"{costs[k] / t1:.2f}" for k in ks) + " |",
+    ]
 
 
 def versus_llamacpp(res: dict) -> list[dict]:
@@ -167,7 +194,7 @@ def versus_llamacpp(res: dict) -> list[dict]:
             rows.append({
                 "id": p["id"], "category": p["category"], "config": name,
                 "speedup": r[name]["speedup"], "best_reference": best, "reference_speedup": r[best]["speedup"],
-                "ratio": r[name]["tokens_per_s"] / r[best]["tokens_per_s"] if r[best]["tokens_per_s"] else 0.0,
+                "ratio": speedup(r[name]["tokens_per_s"], r[best]["tokens_per_s"]),
                 "references": {n: r[n]["speedup"] for n in refs},
             })
     return rows

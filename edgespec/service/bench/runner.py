@@ -11,9 +11,11 @@ Every other figure of a results row comes from one `Stats`: the repeats of a (pr
 configuration) merged with `Stats.merge` (counters do not depend on machine load, so pooling all
 repeats loses nothing and every figure -- acceptance, alpha, alpha by depth, tokens per call, the
 draft-length histogram -- is of the same generations), written as its `to_dict` under "stats".
-A category's cell merges its prompts' Stats the same way; its tokens/s is total tokens over total
-seconds of the median rates. The predicted speedup and the draft cost c of a row or cell are those
-of its merged Stats (`pooled`); the report reads these and recomputes nothing.
+A category's cell merges its prompts' Stats the same way. A row or cell has one decode rate,
+`tokens_per_s`: the median of its repeats' rates (a row), its prompts' tokens over their seconds at
+those rates (a cell); the merged Stats leave their own rates out (`TIMED_FIGURES`). The predicted
+speedup and the draft cost c of a row or cell are those of its merged Stats (`pooled`); the report
+reads these and recomputes nothing.
 
 Every generation goes through the session layer (`edgespec.service.session`): one loaded target, one
 `Request` per configuration and prompt, the `Reply` it folds to. The predicted speedup of a run is
@@ -39,26 +41,31 @@ from pathlib import Path
 from edgespec.core.costs import CostModel
 from edgespec.core.drafters import NGRAM_SIZES
 from edgespec.core.sampling import SamplingParams
-from edgespec.core.stats import Stats
+from edgespec.core.stats import Stats, speedup
+from edgespec.models.loader import RuntimeOptions
 from edgespec.runtime import llamacpp
 from edgespec.runtime.errors import EdgeSpecError
 from edgespec.service.bench.report import BASELINE, REF_LOOKUP, REF_PLAIN, versus_llamacpp
-from edgespec.service.session import FRAMINGS, Reply, Request, parse_gamma
+from edgespec.service.session import DEFAULT_DRAFT, DEFAULT_GAMMA, FRAMINGS, Reply, Request, parse_gamma
 from edgespec.service.suites import Prompt, load_suites, shipped_suites, suite_path
+
+# The bench's answers are shorter than a request's default (session.Request.max_tokens): every
+# prompt runs repeats x configurations times, and the speedup shows within this length.
+BENCH_MAX_TOKENS = 128
 
 
 @dataclass
 class BenchSettings:
     suites: list[str]
     target: str
-    drafts: list[str] = field(default_factory=lambda: ["ngram"])
-    gammas: list[str] = field(default_factory=lambda: ["auto"])
+    drafts: list[str] = field(default_factory=lambda: [DEFAULT_DRAFT])
+    gammas: list[str] = field(default_factory=lambda: [DEFAULT_GAMMA])
     ngram: tuple[int, int] = NGRAM_SIZES
     categories: list[str] = field(default_factory=list)
     per_category: int | None = None
-    temperature: float = 0.0
+    temperature: float = SamplingParams.temperature
     seed: int | None = None
-    max_tokens: int = 128
+    max_tokens: int = BENCH_MAX_TOKENS
     repeats: int = 3
     framing: str = "question"  # the session's framing: chat template, else 'Question: ...\nAnswer:'
     reference: bool = True
@@ -67,10 +74,10 @@ class BenchSettings:
     llama_cpp: list[str] = field(default_factory=list)  # llama.cpp speculation types run as references
     llama_cpp_draft_max: int = 16
     llama_cpp_draft_model: str | None = None  # draft-simple's -md; default: the first model:NAME in drafts
-    n_ctx: int = 4096
-    n_threads: int | None = None
-    flash_attn: str = "auto"
-    exact: bool = False
+    n_ctx: int = RuntimeOptions.n_ctx
+    n_threads: int | None = RuntimeOptions.n_threads
+    flash_attn: str = RuntimeOptions.flash_attn
+    exact: bool = RuntimeOptions.exact
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -280,13 +287,19 @@ def _median_run(runs: list[Run]) -> Run:
     return order[(len(order) - 1) // 2]
 
 
+# Figures of a Stats that its wall time gives; the merged Stats of repeats would give a second
+# tokens/s next to the row's or cell's own `tokens_per_s` (of the median runs), so they are left out.
+TIMED_FIGURES = ("tokens_per_s", "bandwidth_gb_s")
+
+
 def pooled(stats: Sequence[Stats], costs: CostModel | None) -> dict:
-    """The figures of generations pooled by `Stats.merge`: the merged Stats (`to_dict`) under
-    "stats"; with the cost model they were planned with, the speedup it predicts for the pooled
-    draft lengths at the pooled alpha (`Reply.predicted_speedup`) and the measured draft cost c,
-    seconds drafting per drafted token over T(1) (None where nothing was drafted)."""
+    """The figures of generations pooled by `Stats.merge`: the merged Stats (`to_dict`, less its
+    rates: TIMED_FIGURES) under "stats"; with the cost model they were planned with, the speedup it
+    predicts for the pooled draft lengths at the pooled alpha (`Reply.predicted_speedup`) and the
+    measured draft cost c, seconds drafting per drafted token over T(1) (None where nothing was
+    drafted)."""
     st = Stats.merge(stats)
-    out: dict = {"stats": st.to_dict()}
+    out: dict = {"stats": {k: v for k, v in st.to_dict().items() if k not in TIMED_FIGURES}}
     if costs is not None:
         out["predicted_speedup"] = Reply(stats=st, costs=costs).predicted_speedup
         out["draft_cost"] = costs.draft_cost(st.draft_s / st.drafted) if st.drafted else None
@@ -321,7 +334,7 @@ def bench_prompt(runner: Runner, pr: Prompt, tokens: list[int], stop: threading.
             "kind": cfg.kind,
             "tokens_per_s": tps,
             "tokens_per_s_runs": [r.tokens_per_s for r in rs],
-            "speedup": 1.0 if _no_drafts(cfg, rs) else tps / base_tps,
+            "speedup": 1.0 if _no_drafts(cfg, rs) else speedup(tps, base_tps),
             "no_drafts": _no_drafts(cfg, rs),
             # the median run's tokens (llama.cpp: its own count), which its tokens/s counted
             "generated": rep.stats.generated if cfg.kind == "llama.cpp" else len(rep.tokens),
@@ -354,7 +367,7 @@ def bench_prompt(runner: Runner, pr: Prompt, tokens: list[int], stop: threading.
     if REF_PLAIN in results:
         own = results[REF_PLAIN]["tokens_per_s"]
         for name in (REF_PLAIN, REF_LOOKUP):
-            results[name]["speedup_vs_own_baseline"] = results[name]["tokens_per_s"] / own
+            results[name]["speedup_vs_own_baseline"] = speedup(results[name]["tokens_per_s"], own)
         if s.greedy:
             own_tokens = {tuple(r.tokens) for r in runs[REF_PLAIN]}
             results[REF_LOOKUP]["identical_to_own_baseline"] = {tuple(r.tokens) for r in runs[REF_LOOKUP]} == own_tokens
@@ -394,14 +407,14 @@ def aggregate(prompts: list[dict], names: list[str], cost_models: dict[str, Cost
             row[name] = cell
         base = row[BASELINE]["tokens_per_s"]
         for name in names:
-            row[name]["speedup"] = row[name]["tokens_per_s"] / base if base else 0.0
+            row[name]["speedup"] = speedup(row[name]["tokens_per_s"], base)
             if all(p["results"][name].get("no_drafts") for p in ps):
                 row[name]["speedup"] = 1.0  # plain decoding on every prompt (`_no_drafts`)
                 row[name]["no_drafts"] = True
         if REF_PLAIN in row:
             own = row[REF_PLAIN]["tokens_per_s"]
             for name in (REF_PLAIN, REF_LOOKUP):
-                row[name]["speedup_vs_own_baseline"] = row[name]["tokens_per_s"] / own if own else 0.0
+                row[name]["speedup_vs_own_baseline"] = speedup(row[name]["tokens_per_s"], own)
         out[cat] = row
     return out
 
@@ -428,21 +441,7 @@ def run_bench(
         raise EdgeSpecError(f"cannot create output folder {out}: {exc.strerror}") from None
     runner = Runner(s, log)
     names = [c.name for c in runner.configs]
-    meta = {
-        "settings": {k: v for k, v in vars(s).items()},
-        "target": runner.target.path,
-        "target_description": runner.target.info.description,
-        "configs": [vars(c) for c in runner.configs],
-        "prompts_total": len(prompts),
-        "cpu_count": os.cpu_count(),
-        "machine": platform.machine(),
-        "platform": platform.platform(),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "framing": runner.framing,
-        "verify_cost_s": {str(k): v for k, v in runner.costs.items()},  # the stored cost profile
-        "cost_profile": runner.cost_profile,
-        "interrupted": False,
-    }
+    meta = _meta(runner, len(prompts))
     done: list[dict] = []
     skipped: list[dict] = []
     results = {"meta": meta, "prompts": done, "skipped": skipped, "categories": {}}
@@ -490,6 +489,26 @@ def run_bench(
                 signal.signal(signal.SIGINT, previous)
             runner.close()
     return results
+
+
+def _meta(runner: Runner, prompts_total: int) -> dict:
+    """What results.json says about a run before its first prompt: settings, target, machine, the
+    configurations and the stored cost profile."""
+    return {
+        "settings": {k: v for k, v in vars(runner.s).items()},
+        "target": runner.target.path,
+        "target_description": runner.target.info.description,
+        "configs": [vars(c) for c in runner.configs],
+        "prompts_total": prompts_total,
+        "cpu_count": os.cpu_count(),
+        "machine": platform.machine(),
+        "platform": platform.platform(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "framing": runner.framing,
+        "verify_cost_s": {str(k): v for k, v in runner.costs.items()},  # the stored cost profile
+        "cost_profile": runner.cost_profile,
+        "interrupted": False,
+    }
 
 
 def verify_cost(target: str, opts_kw: dict, max_k: int, repeats: int, out_dir: str | None) -> dict:
