@@ -53,7 +53,7 @@ def _counts(d: dict) -> dict:
 
 
 def _event(ev) -> dict:
-    return {"tokens": list(ev.tokens), "sources": list(ev.sources), "drafters": list(ev.drafters),
+    return {"tokens": list(ev.tokens), "sources": list(ev.sources), "drafters": list(ev.drafted_by),
             "gamma": ev.gamma, "drafted": ev.drafted, "accepted": ev.accepted,
             "finish_reason": ev.finish_reason, "source": ev.source, "stats": _counts(ev.stats.to_dict())}
 

@@ -139,7 +139,7 @@ def replay(row: dict, policy: GammaPolicy, costs: CostModel, d: NgramDrafter,
         stats.record_step(k, n_acc, len(new), len(new) if done + len(new) == len(out) else None, d.name)
         d.commit(ctx, n_acc)
     return {"speedup": len(out) * costs.seconds(1) / seconds, "calls": stats.target_calls,
-            "gamma_hist": dict(stats.gamma_hist)}
+            "drafted_hist": dict(stats.drafted_hist)}
 
 
 def alternative(context: list[int], size: int, first: int, m: int) -> list[int]:

@@ -102,7 +102,7 @@ def e2e_child(model_name: str, threads: int | None) -> int:
         st = reply.stats
         print(json.dumps({"tokens": reply.tokens, "tok_s": st.tokens_per_s, "generated": st.generated,
                           "drafted": st.drafted, "accepted": st.accepted, "calls": st.target_calls,
-                          "gamma_hist": {str(k): v for k, v in st.gamma_hist.items()}}), flush=True)
+                          "drafted_hist": {str(k): v for k, v in st.drafted_hist.items()}}), flush=True)
     session.close()
     return 0
 
@@ -225,7 +225,7 @@ def measure_e2e(model: str, args: argparse.Namespace) -> None:
                     mid = median_run(res[(k, c, p.id)])
                     drafted += mid["drafted"]
                     accepted += mid["accepted"]
-                    for g, n in mid["gamma_hist"].items():
+                    for g, n in mid["drafted_hist"].items():
                         hist[g] = hist.get(g, 0) + n
                 plain = rate_of(res, k, "none", ps)
                 acc = f"{accepted / drafted:.2f}" if drafted else "–"

@@ -158,9 +158,9 @@ def test_bench_framing_is_the_sessions_question(smollm2, monkeypatch):
 # each), two accepting the first (2 each): 10 tokens, 8 drafted, 6 accepted, 2 rejections; depth 1
 # tested 4 times, accepted 4; depth 2 tested 4, accepted 2. B: 1 step of 4 drafts, the first rejected.
 GEN_A = Stats(generated=10, target_calls=4, drafted=8, accepted=6, rejections=2, draft_s=0.08, wall_s=1.0,
-              gamma_hist={2: 4}, accepted_hist={1: 2, 2: 2}, depth_tested=[4, 4], depth_accepted=[4, 2])
+              drafted_hist={2: 4}, accepted_hist={1: 2, 2: 2}, depth_tested=[4, 4], depth_accepted=[4, 2])
 GEN_B = Stats(generated=1, target_calls=1, drafted=4, accepted=0, rejections=1, draft_s=0.02, wall_s=1.0,
-              gamma_hist={4: 1}, accepted_hist={0: 1}, depth_tested=[1], depth_accepted=[0])
+              drafted_hist={4: 1}, accepted_hist={0: 1}, depth_tested=[1], depth_accepted=[0])
 
 
 def _check_pooled_ab(row: dict) -> None:
@@ -172,7 +172,7 @@ def _check_pooled_ab(row: dict) -> None:
     assert st["alpha"] == pytest.approx(2 / 3)  # 6 / (6 + 3)
     assert st["tokens_per_call"] == pytest.approx(2.2) and st["mean_accepted"] == pytest.approx(1.2)
     assert st["alpha_by_depth"] == pytest.approx([4 / 5, 2 / 4])
-    assert st["gamma_hist"] == {"2": 4, "4": 1} and st["accepted_hist"] == {"0": 1, "1": 2, "2": 2}
+    assert st["drafted_hist"] == {"2": 4, "4": 1} and st["accepted_hist"] == {"0": 1, "1": 2, "2": 2}
 
 
 def test_pooled_figures_are_those_of_all_generations():
@@ -185,7 +185,7 @@ def test_pooled_figures_are_those_of_all_generations():
     # 4 * 1.2 + 1.4 = 6.2 passes
     assert row["predicted_speedup"] == pytest.approx(895 / 81 / 6.2)
     assert row["draft_cost"] == pytest.approx(0.1 / 12 / 0.01)  # 0.1 s drafting 12 tokens, over T(1)
-    plain = pooled([Stats(generated=5, target_calls=5, gamma_hist={0: 5}, wall_s=1.0)], costs)
+    plain = pooled([Stats(generated=5, target_calls=5, drafted_hist={0: 5}, wall_s=1.0)], costs)
     assert plain["predicted_speedup"] == 1.0 and plain["draft_cost"] is None
     assert "predicted_speedup" not in pooled([GEN_A], None)  # no cost model (baseline, llama.cpp)
 
@@ -194,7 +194,7 @@ def test_aggregate_pools_rates_and_stats_over_prompts():
     def entry(tps: float, gen: int, st: Stats) -> dict:
         return {"tokens_per_s": tps, "generated": gen, "stats": st.to_dict()}
 
-    base = Stats(generated=100, target_calls=100, gamma_hist={0: 100}, wall_s=1.0)
+    base = Stats(generated=100, target_calls=100, drafted_hist={0: 100}, wall_s=1.0)
     prompts = [
         {"category": "a", "results": {BASELINE: entry(10, 100, base), "x": entry(20, 100, GEN_A)}},
         {"category": "a", "results": {BASELINE: entry(10, 50, base), "x": entry(50, 50, GEN_B)}},
@@ -275,10 +275,10 @@ def test_bench_numbers_are_consistent(tiny_run):
                 st = e["stats"]  # one repeat: the Stats of the one run
                 assert st["generated"] == e["generated"]
                 assert e["tokens_per_s"] == pytest.approx(e["generated"] / decode_seconds(e)), name
-                assert sum(st["gamma_hist"].values()) == st["target_calls"]  # every call is one step
+                assert sum(st["drafted_hist"].values()) == st["target_calls"]  # every call is one step
                 assert st["target_calls"] <= e["generated"] + 1  # every call but an EOG-ending one adds a token
                 assert 0 <= st["accepted"] <= st["drafted"] and st["rejections"] <= st["target_calls"]
-                longest = max(int(k) for k in st["gamma_hist"])
+                longest = max(int(k) for k in st["drafted_hist"])
                 assert len(st["alpha_by_depth"]) <= longest  # no depth beyond the longest draft is tested
                 if st["drafted"]:  # auto gamma may decline to draft at all on a short answer
                     # drafts after a step's first rejection are never tested: alpha >= acceptance
@@ -286,13 +286,13 @@ def test_bench_numbers_are_consistent(tiny_run):
                 else:
                     assert st["accepted"] == st["rejections"] == 0 and st["alpha_by_depth"] == []
                 if e["kind"] == "baseline":
-                    assert st["gamma_hist"] == {"0": st["target_calls"]} and st["tokens_per_call"] == pytest.approx(1.0)
+                    assert st["drafted_hist"] == {"0": st["target_calls"]} and st["tokens_per_call"] == pytest.approx(1.0)
                 if name == "ngram g=3":
                     assert st["target_calls"] >= math.ceil(e["generated"] / 4)  # at most 3 drafts + 1 a call
-                    assert set(st["gamma_hist"]) <= {"0", "1", "2", "3"}
+                    assert set(st["drafted_hist"]) <= {"0", "1", "2", "3"}
             if e["kind"] == "ours":
                 assert e["predicted_speedup"] > 0 and (e["draft_cost"] is None) is (e["stats"]["drafted"] == 0)
-                if set(e["stats"]["gamma_hist"]) == {"0"}:
+                if set(e["stats"]["drafted_hist"]) == {"0"}:
                     assert e["predicted_speedup"] == pytest.approx(1.0)  # plain steps only: plain speed
             else:
                 assert e.get("predicted_speedup") is None  # no drafter, no cost model

@@ -33,7 +33,7 @@ def test_json_output_contract():
     # correction after a rejection, its own token when nothing was drafted, or the bonus after a
     # draft accepted in full), and no step drafts past the token budget.
     drafts, steps = src.count("draft"), src.count("target") + src.count("bonus")
-    hist = {int(k): n for k, n in s["gamma_hist"].items()}  # steps by the number of tokens drafted
+    hist = {int(k): n for k, n in s["drafted_hist"].items()}  # steps by the number of tokens drafted
     rejected = src.count("target") - hist.get(0, 0)  # target tokens of steps that drafted
     assert s["generated"] == 40 and s["target_calls"] == steps == sum(hist.values())
     assert s["accepted"] == drafts and s["rejections"] == rejected

@@ -73,4 +73,4 @@ def test_exact_mode_on_k_quants_is_exact_with_the_probed_cap(gamma):
         spec = generate("gemma3-270m", "ngram", prompt, gamma)
         assert spec["tokens"] == plain["tokens"], (gamma, spec["draft_cap"], prompt[:30])
         cap = spec["draft_cap"]
-        assert max(int(k) for k in spec["stats"]["gamma_hist"]) <= cap
+        assert max(int(k) for k in spec["stats"]["drafted_hist"]) <= cap

@@ -19,7 +19,7 @@ def test_a_copied_output_is_drafted_and_priced():
     replayed speedup is tokens * T(1) over the summed T(k+1)."""
     row = {"prompt": TEXT + [1] + TEXT[:8], "out": TEXT[8:48]}
     res = replay(row, FixedGamma(7), COSTS, NgramDrafter())
-    assert res["calls"] == 5 and res["gamma_hist"] == {7: 5}  # 8 tokens per pass
+    assert res["calls"] == 5 and res["drafted_hist"] == {7: 5}  # 8 tokens per pass
     assert abs(res["speedup"] - 40 * 0.010 / (5 * COSTS.seconds(8))) < 1e-9
     auto = replay(row, AutoGamma(), COSTS, NgramDrafter())
     assert auto["speedup"] > 1.5
@@ -28,7 +28,7 @@ def test_a_copied_output_is_drafted_and_priced():
 def test_text_that_never_repeats_is_decoded_plainly_by_gamma_auto():
     row = {"prompt": TEXT[:20], "out": TEXT[20:60]}
     res = replay(row, AutoGamma(), COSTS, NgramDrafter())
-    assert res["gamma_hist"] == {0: 40} and abs(res["speedup"] - 1.0) < 1e-9
+    assert res["drafted_hist"] == {0: 40} and abs(res["speedup"] - 1.0) < 1e-9
 
 
 def test_a_fixed_gamma_drafts_only_where_the_drafter_has_a_match():
@@ -38,7 +38,7 @@ def test_a_fixed_gamma_drafts_only_where_the_drafter_has_a_match():
     nothing, so the last two steps are plain passes."""
     row = {"prompt": TEXT[:10] + [1] + TEXT[:2], "out": TEXT[2:10] + [7, 8, 9]}
     res = replay(row, FixedGamma(7), COSTS, NgramDrafter())
-    assert res["calls"] == 4 and res["gamma_hist"] == {7: 1, 2: 1, 0: 2}
+    assert res["calls"] == 4 and res["drafted_hist"] == {7: 1, 2: 1, 0: 2}
 
 
 def test_chain_table_counts_each_position_once_reached():

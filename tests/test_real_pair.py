@@ -83,10 +83,10 @@ def test_gamma_auto_plans_what_the_draft_model_spends():
     finally:
         draft.close()
         target.close()
-    drafted_tokens = sum(k * n for k, n in st.gamma_hist.items())
+    drafted_tokens = sum(k * n for k, n in st.drafted_hist.items())
     per_token_only = drafted_tokens * drafter.draft_cost_s()  # what was planned before: T_d(1) per draft token
     planned = policy.planned_draft_s
-    steps = sum(n for k, n in st.gamma_hist.items() if k)
+    steps = sum(n for k, n in st.drafted_hist.items() if k)
     print(f"drafting steps {steps}: measured {st.draft_s / steps * 1e3:.1f} ms/step, planned "
           f"{planned / steps * 1e3:.1f} (catch-up included), {per_token_only / steps * 1e3:.1f} (T_d(1) per token only)")
     assert steps >= 6

@@ -149,9 +149,9 @@ def test_chat_completion_with_stats_and_provenance(server, smollm2):
     # timed inside the request
     assert 0 <= t["prompt_ms"] and 0 < t["predicted_ms"] and t["prompt_ms"] + t["predicted_ms"] < 1000 * elapsed
     assert t["predicted_per_second"] >= t["predicted_n"] / elapsed
-    assert len(src) == len(prov["drafters"]) == len(prov["tokens"])
+    assert len(src) == len(prov["drafted_by"]) == len(prov["tokens"])
     assert set(src) <= {"draft", "target", "bonus"}
-    for s, d in zip(src, prov["drafters"], strict=True):
+    for s, d in zip(src, prov["drafted_by"], strict=True):
         assert (d == "ngram") if s == "draft" else (d == "")
     # speculation ran in the server: drafts were proposed, accepted, and shown as such
     assert t["draft_n"] > 0 and drafts > 0 and t["acceptance"] > 0
@@ -170,14 +170,14 @@ def test_streaming_matches_the_plain_response_and_carries_provenance(server):
             assert "".join(ext["pieces"]) == c.choices[0].delta.content
             text += c.choices[0].delta.content
             sources += ext["sources"]
-            drafters += ext["drafters"]
+            drafters += ext["drafted_by"]
             tokens += ext["tokens"]
         if c.choices and c.choices[0].finish_reason:
             finals.append(c)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert text == plain.choices[0].message.content
     assert tokens == plain.model_extra["edgespec"]["tokens"] and sources == plain.model_extra["edgespec"]["sources"]
-    assert drafters == plain.model_extra["edgespec"]["drafters"]
+    assert drafters == plain.model_extra["edgespec"]["drafted_by"]
     assert len(finals) == 1 and finals[0].choices[0].finish_reason == plain.choices[0].finish_reason
     timings = finals[0].model_extra["timings"]
     assert timings["predicted_n"] == len(tokens) and timings["draft_n_accepted"] >= sources.count("draft")

@@ -52,8 +52,8 @@ def test_a_keys_answers_draft_for_that_key_only(server):
     assert accepted > 0, second.model_extra["timings"]
     t, prov = second.model_extra["timings"], second.model_extra["edgespec"]
     assert sum(t["draft_n_accepted_by_source"].values()) == t["draft_n_accepted"]
-    assert prov["drafters"].count("answers") == accepted  # each accepted token names its source
-    assert set(prov["drafters"]) <= {"", "context", "answers"}
+    assert prov["drafted_by"].count("answers") == accepted  # each accepted token names its source
+    assert set(prov["drafted_by"]) <= {"", "context", "answers"}
     # Bob has asked nothing yet: Alice's answers never draft for him, whatever he asks
     other = ask(server, BOB, SECOND)
     assert from_answers(other) == (0, 0)
@@ -68,7 +68,7 @@ def test_streamed_chunks_name_the_source(server):
     drafters, timings = [], None
     for chunk in stream:
         extra = chunk.model_extra or {}
-        drafters += (extra.get("edgespec") or {}).get("drafters", [])
+        drafters += (extra.get("edgespec") or {}).get("drafted_by", [])
         timings = extra.get("timings") or timings
     assert drafters.count("answers") == timings["draft_n_accepted_by_source"]["answers"] > 0
 

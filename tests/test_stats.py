@@ -56,10 +56,10 @@ def test_a_step_a_stop_string_ended_in_counts_to_the_stop_strings_end():
 def two_runs() -> tuple[Stats, Stats]:
     a = Stats(prompt_tokens=10, generated=30, end_tokens=1, target_calls=10, drafted=40, accepted=20, rejections=8,
               prefill_s=0.5, draft_s=0.1, wall_s=2.5, ttft_s=0.6, target_bytes=1000,
-              gamma_hist={4: 10}, accepted_hist={0: 2, 2: 4, 4: 4}, plain_pass_s=[0.01],
+              drafted_hist={4: 10}, accepted_hist={0: 2, 2: 4, 4: 4}, plain_pass_s=[0.01],
               pass_s={5: [0.02, 0.03]}, depth_tested=[10, 8, 6, 4], depth_accepted=[8, 6, 4, 2])
     b = Stats(prompt_tokens=20, generated=10, target_calls=10, drafted=0, prefill_s=0.5, wall_s=1.5,
-              ttft_s=0.8, target_bytes=1000, gamma_hist={0: 10}, plain_pass_s=[0.02, 0.03], pass_s={1: [0.01]})
+              ttft_s=0.8, target_bytes=1000, drafted_hist={0: 10}, plain_pass_s=[0.02, 0.03], pass_s={1: [0.01]})
     return a, b
 
 
@@ -73,7 +73,7 @@ def test_merge_pools_counters_so_properties_are_the_pooled_figures():
     assert m.tokens_per_call == pytest.approx(41 / 20)
     assert m.mean_accepted == pytest.approx(1.0)
     assert m.ttft_s == pytest.approx(0.7) and m.target_bytes == 1000
-    assert m.gamma_hist == {4: 10, 0: 10} and m.accepted_hist == {0: 2, 2: 4, 4: 4}
+    assert m.drafted_hist == {4: 10, 0: 10} and m.accepted_hist == {0: 2, 2: 4, 4: 4}
     assert m.plain_pass_s == [0.01, 0.02, 0.03] and m.pass_s == {5: [0.02, 0.03], 1: [0.01]}
     assert m.alpha_by_depth == [0.8, 0.75, pytest.approx(2 / 3), 0.5]
     # depth lists of different lengths add up position by position
@@ -87,7 +87,7 @@ def test_merge_of_one_is_a_copy_that_shares_nothing():
     a, _ = two_runs()
     c = a.copy()
     assert c == a
-    c.gamma_hist[4] += 1
+    c.drafted_hist[4] += 1
     c.pass_s[5].append(1.0)
     c.plain_pass_s.append(1.0)
     c.depth_tested[0] += 1

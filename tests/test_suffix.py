@@ -189,7 +189,7 @@ def test_without_earlier_answers_it_drafts_what_ngram_drafts(smollm2):
         ngram = generate(smollm2, NgramDrafter(), text)
         suffix = generate(smollm2, SuffixDrafter(None), text)
         assert suffix.tokens == ngram.tokens
-        assert suffix.stats.gamma_hist == ngram.stats.gamma_hist
+        assert suffix.stats.drafted_hist == ngram.stats.drafted_hist
         assert (suffix.stats.drafted, suffix.stats.accepted) == (ngram.stats.drafted, ngram.stats.accepted)
         assert set(suffix.stats.source_drafted) <= {CONTEXT}
 

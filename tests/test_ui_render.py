@@ -35,7 +35,7 @@ def test_target_tokens_are_outlined_as_the_legend_says():
 def test_the_two_acceptance_figures_have_distinct_names_everywhere():
     # 8 drafted, 5 accepted, 2 steps cut short: acceptance 5/8, alpha 5/7.
     r = reply_with(generated=10, target_calls=5, drafted=8, accepted=5, rejections=2, wall_s=1.0, prefill_s=0.1,
-                   gamma_hist={2: 4, 0: 1})
+                   drafted_hist={2: 4, 0: 1})
     tr = Tracker()
     tr.add((2, 2, 1), r, 0.5)
     line = render.stats_line(tr)
@@ -53,7 +53,7 @@ def test_the_two_acceptance_figures_have_distinct_names_everywhere():
 def test_live_speedups_are_the_replys_and_measured_never_beats_tokens_per_call():
     # A run that drafted almost nothing: gamma 0 nearly always, 1.03 tokens per target call.
     r = reply_with(generated=103, target_calls=100, drafted=6, accepted=3, rejections=3, wall_s=1.2, prefill_s=0.2,
-                   gamma_hist={0: 97, 2: 3}, plain_pass_s=[0.004] * 50)
+                   drafted_hist={0: 97, 2: 3}, plain_pass_s=[0.004] * 50)
     tr = Tracker()
     tr.add((0, 0, 0), r, 1.0)
     p = tr.points[-1]

@@ -8,9 +8,13 @@ import ipaddress
 import socket
 import sys
 from collections.abc import Callable
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from edgespec.runtime.errors import EdgeSpecError
+
+if TYPE_CHECKING:
+    from edgespec.models.loader import RuntimeOptions
+    from edgespec.service.session import Request
 
 
 class Parser(argparse.ArgumentParser):
@@ -161,3 +165,39 @@ def key_auth(key: str) -> Callable[[str, str], bool]:
         return any(hmac.compare_digest(password.encode(), k.encode()) for k in keys)
 
     return auth
+
+
+def request_from_args(args: argparse.Namespace, text: str) -> Request:
+    """The Request the command line's generation arguments ask for (`add_generation_args`): the one
+    place argparse names meet the session layer."""
+    from edgespec.core.sampling import SamplingParams
+    from edgespec.service.session import Request, parse_ngram
+
+    framing = args.framing
+    if args.chat and args.raw:
+        raise EdgeSpecError("give --chat or --raw, not both")
+    if args.chat or args.raw:
+        if framing != "auto":
+            raise EdgeSpecError("--chat and --raw are short for --framing chat|raw; give one of them")
+        framing = "chat" if args.chat else "raw"
+    return Request(
+        text=text,
+        system=args.system,
+        framing=framing,
+        draft=args.draft,
+        gamma=args.gamma,
+        ngram=parse_ngram(args.ngram),
+        max_tokens=args.max_tokens,
+        sampling=SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed),
+        verifier=args.verifier,
+        stop=tuple(args.stop or ()),
+        reuse_prefix=not args.no_prefix_reuse,
+    )
+
+
+def runtime_options(args: argparse.Namespace) -> RuntimeOptions:
+    """The runtime options of the command line's runtime arguments (`add_runtime_args`)."""
+    from edgespec.models.loader import RuntimeOptions
+
+    return RuntimeOptions(n_ctx=args.ctx, n_threads=args.threads, flash_attn=args.flash_attn, exact=args.exact,
+                          rpc=tuple(args.rpc.split(",")) if args.rpc else ())

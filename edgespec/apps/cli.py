@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from edgespec.apps.args import Parser, add_generation_args, check_address
+from edgespec.apps.args import Parser, add_generation_args, check_address, request_from_args, runtime_options
 from edgespec.runtime.errors import EdgeSpecError, run_command
 
 COLOURS = {"draft": "\033[32m", "bonus": "\033[36m", "target": ""}
@@ -92,11 +92,11 @@ def read_prompt(args: argparse.Namespace) -> str:
 
 def headless(args: argparse.Namespace) -> int:
     from edgespec.models import DEFAULT_TARGET
-    from edgespec.service.session import Reply, Request, Session, runtime_options
+    from edgespec.service.session import Reply, Session
 
     if args.chat_file is not None:
         return headless_chat(args)
-    req = Request.from_args(args, read_prompt(args))
+    req = request_from_args(args, read_prompt(args))
     session = Session.load(args.target or DEFAULT_TARGET, runtime_options(args))
     session.on_profile = profile_progress(session.target.path)
     context_note(session.target)
@@ -203,7 +203,7 @@ def headless_chat(args: argparse.Namespace) -> int:
     """`--headless --chat-file FILE`: one reply per user line; the session keeps the conversation's
     KV cache, so each turn prefills only itself (the stats line says how many tokens were reused)."""
     from edgespec.models import DEFAULT_TARGET
-    from edgespec.service.session import Conversation, Request, Session, runtime_options
+    from edgespec.service.session import Conversation, Session
 
     if args.system is not None:
         utf8(args.system, "--system")
@@ -212,7 +212,7 @@ def headless_chat(args: argparse.Namespace) -> int:
         items = list(items)
         if not any(role == "user" for _, role, _ in items):
             raise EdgeSpecError(f"{args.chat_file}: no user message")
-    settings = Request.from_args(args, "(chat)")
+    settings = request_from_args(args, "(chat)")
     convo = Conversation(settings)
     session = Session.load(args.target or DEFAULT_TARGET, runtime_options(args))
     session.on_profile = profile_progress(session.target.path)

@@ -191,15 +191,15 @@ class CostModel:
                 best, best_s = g, s
         return best, best_s
 
-    def predicted_for(self, gamma_hist: dict[int, int], alpha: float) -> float:
-        """What the formula predicts for a run's draft lengths (`Stats.gamma_hist`, steps by draft
+    def predicted_for(self, drafted_hist: dict[int, int], alpha: float) -> float:
+        """What the formula predicts for a run's draft lengths (`Stats.drafted_hist`, steps by draft
         length) at its measured alpha: each step that drafted k tokens yields E(alpha, k) tokens and
         costs `step_cost(k)` single-token passes, so S = sum n_k E(alpha, k) / sum n_k step_cost(k).
         c is the model's (the one gamma auto planned with), not the run's drafting time."""
-        if not gamma_hist:
+        if not drafted_hist:
             return 1.0
-        tokens = sum(n * expected_tokens(alpha, k) for k, n in gamma_hist.items())
-        return tokens / sum(n * self.step_cost(k) for k, n in gamma_hist.items())
+        tokens = sum(n * expected_tokens(alpha, k) for k, n in drafted_hist.items())
+        return tokens / sum(n * self.step_cost(k) for k, n in drafted_hist.items())
 
     def measured_speedup(self, tokens: int, calls: int, seconds: float, t1: float | None = None) -> float:
         """Speedup that happened: tokens/s over the plain rate 1/T(1). T(1) is what a plain step

@@ -121,10 +121,10 @@ class GenerationConfig:
 class StepEvent:
     """What one target call produced, as the generation shows it.
 
-    tokens/sources/pieces/drafters are aligned: sources[i] is 'draft' (proposed and accepted),
+    tokens/sources/pieces/drafted_by are aligned: sources[i] is 'draft' (proposed and accepted),
     'target' (sampled by the target after a rejection, or with no draft) or 'bonus' (all drafts
     accepted, one more from the same pass); pieces[i] is the text that token completed (may be ''
-    while a multi-byte character is still incomplete); drafters[i] names the drafter that proposed a
+    while a multi-byte character is still incomplete); drafted_by[i] names the drafter that proposed a
     'draft' token ('ngram', 'learned', 'model:...') and is '' for the target's own tokens. With stop
     strings (GenerationConfig.stop_strings) these are the tokens that can be shown now: text that
     may begin a stop string is held back to a later event, and never shown if it does begin one
@@ -134,13 +134,13 @@ class StepEvent:
     tokens: list[int]
     sources: list[str]
     pieces: list[str]
-    drafters: list[str]
+    drafted_by: list[str]
     gamma: int  # draft length asked for this step
     drafted: int  # draft tokens actually proposed (k <= gamma)
     accepted: int
     stats: Stats
     finish_reason: str | None = None  # 'eog' | 'length' | 'stop' | 'context' | 'stopped' on the last event
-    source: str = ""  # who proposed this step's draft (as drafters[i] names it); '' when none was drafted
+    source: str = ""  # who proposed this step's draft (as drafted_by[i] names it); '' when none was drafted
 
     @property
     def text(self) -> str:
@@ -182,9 +182,9 @@ class StopStrings:
         if hits:
             cut, stop_end = min(hits)  # the earliest stop string (the shorter one of two at one place)
             out, end, last = [], len(self.text), 0
-            for i, (tok, src, piece, by) in enumerate(self._held):
+            for i, (tok, src, piece, drafted_by) in enumerate(self._held):
                 if end < cut:  # the token's text starts before the stop string: keep that part
-                    out.append((tok, src, piece[: cut - end], by))
+                    out.append((tok, src, piece[: cut - end], drafted_by))
                 end += len(piece)
                 if end >= stop_end:
                     last = i  # the token that completed the stop string
@@ -350,7 +350,7 @@ class Engine:
         stats.pass_s.setdefault(s.rows, []).append(s.target_s)
         self.policy.observe(k, n_acc)
 
-        new, sources, by, finish = self._shown(s, remaining, cfg.stop_at_eog)
+        new, sources, drafted_by, finish = self._shown(s, remaining, cfg.stop_at_eog)
         source = (s.draft.source or self.drafter_name) if k else ""
         context.extend(new)
         drafter = self.drafter
@@ -361,7 +361,7 @@ class Engine:
         pieces = [stream.push(t) for t in new]
         if finish is not None and pieces:
             pieces[-1] += stream.flush()
-        shown, end = stops.push(list(zip(new, sources, pieces, by, strict=True)), finish is not None)
+        shown, end = stops.push(list(zip(new, sources, pieces, drafted_by, strict=True)), finish is not None)
         if end is not None:  # a stop string ends the answer where it begins; the step counts to its end
             finish, answer = "stop", stops.released - stats.generated
         else:
@@ -415,22 +415,22 @@ class Engine:
         return self.target.decode(batch, n_logits=k + 1)
 
     def _shown(self, s: Step, remaining: int, stop_at_eog: bool) -> tuple[list[int], list[str], list[str], str | None]:
-        """A step's tokens as the generation keeps them, with their sources and drafters (StepEvent)
+        """A step's tokens as the generation keeps them, with their sources and drafted_by (StepEvent)
         and the finish reason: up to an end-of-generation token, at most `remaining`."""
         n, k = s.n_accepted, len(s.draft)
         new = s.draft.tokens[:n].tolist() + [s.token]
         sources = [DRAFT] * n + [BONUS if (k and n == k) else TARGET]
-        by = ([s.draft.source or self.drafter.name] * n if n else []) + [""]
+        drafted_by = ([s.draft.source or self.drafter.name] * n if n else []) + [""]
         finish = None
         if stop_at_eog:
             for i, tok in enumerate(new):
                 if self.target.is_eog(tok):  # it ends the reply; what the step verified after it does not count
-                    new, sources, by, finish = new[:i], sources[:i], by[:i], "eog"
+                    new, sources, drafted_by, finish = new[:i], sources[:i], drafted_by[:i], "eog"
                     break
         if len(new) >= remaining:
-            new, sources, by = new[:remaining], sources[:remaining], by[:remaining]
+            new, sources, drafted_by = new[:remaining], sources[:remaining], drafted_by[:remaining]
             finish = finish or "length"
-        return new, sources, by, finish
+        return new, sources, drafted_by, finish
 
 
 def propose_draft(drafter: Drafter, policy: GammaPolicy, context: list[int], limit: int) -> tuple[int, Draft]:
@@ -447,11 +447,11 @@ def propose_draft(drafter: Drafter, policy: GammaPolicy, context: list[int], lim
 
 
 def _columns(shown: list[Shown]) -> tuple[list[int], list[str], list[str], list[str]]:
-    """Shown tokens as StepEvent's aligned lists: tokens, sources, pieces, drafters."""
+    """Shown tokens as StepEvent's aligned lists: tokens, sources, pieces, drafted_by."""
     if not shown:
         return [], [], [], []
-    tokens, sources, pieces, drafters = zip(*shown, strict=True)
-    return list(tokens), list(sources), list(pieces), list(drafters)
+    tokens, sources, pieces, drafted_by = zip(*shown, strict=True)
+    return list(tokens), list(sources), list(pieces), list(drafted_by)
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:

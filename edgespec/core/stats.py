@@ -38,7 +38,7 @@ class Stats:
     wall_s: float = 0.0
     ttft_s: float | None = None
     target_bytes: int = 0
-    gamma_hist: dict[int, int] = field(default_factory=dict)
+    drafted_hist: dict[int, int] = field(default_factory=dict)
     accepted_hist: dict[int, int] = field(default_factory=dict)
     # Wall seconds of each plain (single-row) step, from the previous event to this one, i.e. what
     # plain decoding costs per token here and now: for the measured speedup and for judging the
@@ -70,8 +70,8 @@ class Stats:
         out.ttft_s = sum(ttft) / len(ttft) if ttft else None
         out.target_bytes = max((s.target_bytes for s in stats), default=0)
         for s in stats:
-            for k, n in s.gamma_hist.items():
-                out.gamma_hist[k] = out.gamma_hist.get(k, 0) + n
+            for k, n in s.drafted_hist.items():
+                out.drafted_hist[k] = out.drafted_hist.get(k, 0) + n
             for k, n in s.accepted_hist.items():
                 out.accepted_hist[k] = out.accepted_hist.get(k, 0) + n
             out.plain_pass_s += s.plain_pass_s
@@ -92,7 +92,7 @@ class Stats:
         """The Stats `to_dict` wrote (results files): every counter, timing and histogram; the
         timings per pass are not in it (to_dict keeps their medians), so they stay empty."""
         kw = {f.name: d[f.name] for f in fields(cls) if f.name in d and f.name not in ("plain_pass_s", "pass_s")}
-        for name in ("gamma_hist", "accepted_hist"):
+        for name in ("drafted_hist", "accepted_hist"):
             if name in kw:
                 kw[name] = {int(k): int(n) for k, n in kw[name].items()}
         for name in ("depth_tested", "depth_accepted"):
@@ -170,7 +170,7 @@ class Stats:
         self.accepted += accepted
         self.rejections += rejected
         self._count_depths(accepted, rejected)
-        self.gamma_hist[k] = self.gamma_hist.get(k, 0) + 1  # passes by draft length: what they cost
+        self.drafted_hist[k] = self.drafted_hist.get(k, 0) + 1  # passes by draft length: what they cost
         if drafted:
             self.accepted_hist[accepted] = self.accepted_hist.get(accepted, 0) + 1
 
@@ -206,7 +206,7 @@ class Stats:
                  alpha=self.alpha, alpha_by_depth=self.alpha_by_depth,
                  mean_accepted=self.mean_accepted, tokens_per_call=self.tokens_per_call,
                  bandwidth_gb_s=self.bandwidth_gb_s)
-        d["gamma_hist"] = {str(k): v for k, v in sorted(self.gamma_hist.items())}
+        d["drafted_hist"] = {str(k): v for k, v in sorted(self.drafted_hist.items())}
         d["accepted_hist"] = {str(k): v for k, v in sorted(self.accepted_hist.items())}
         return d
 

@@ -2,7 +2,7 @@
 
 Every consumer does the same three things, here and nowhere else:
   1. build a `Request` (prompt or conversation, framing, drafter, gamma, sampling) - from command
-     line arguments with `Request.from_args`, or field by field from UI controls or a bench row;
+     line arguments (`apps.args.request_from_args`), or field by field from UI controls or a bench row;
   2. run it on a `Session` (a loaded target plus the drafters loaded against it): `frame` turns
      the request into tokens, the drafter registry builds the drafter, the one cost model
      (`edgespec.core.costs`) plans gamma auto and caps exact-mode drafts;
@@ -19,7 +19,6 @@ reuse. `Request.reuse_prefix=False` clears the cache first (bit-for-bit independ
 
 from __future__ import annotations
 
-import argparse
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -141,35 +140,6 @@ class Request:
                                 reuse_prefix=self.reuse_prefix, stop_at_eog=self.stop_at_eog,
                                 stop_strings=self.stop + stop)
 
-    @classmethod
-    def from_args(cls, args: argparse.Namespace, text: str) -> Request:
-        """From the command line's generation arguments (`cli.add_generation_args`)."""
-        framing = args.framing
-        if args.chat and args.raw:
-            raise EdgeSpecError("give --chat or --raw, not both")
-        if args.chat or args.raw:
-            if framing != "auto":
-                raise EdgeSpecError("--chat and --raw are short for --framing chat|raw; give one of them")
-            framing = "chat" if args.chat else "raw"
-        return cls(
-            text=text,
-            system=args.system,
-            framing=framing,
-            draft=args.draft,
-            gamma=args.gamma,
-            ngram=parse_ngram(args.ngram),
-            max_tokens=args.max_tokens,
-            sampling=SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed),
-            verifier=args.verifier,
-            stop=tuple(args.stop or ()),
-            reuse_prefix=not args.no_prefix_reuse,
-        )
-
-
-def runtime_options(args: argparse.Namespace) -> RuntimeOptions:
-    return RuntimeOptions(n_ctx=args.ctx, n_threads=args.threads, flash_attn=args.flash_attn, exact=args.exact,
-                          rpc=tuple(args.rpc.split(",")) if args.rpc else ())
-
 
 @dataclass
 class Framed:
@@ -260,7 +230,7 @@ class Reply:
         """Run a generation to the end and fold its events (engine-level use, tests)."""
         r = cls()
         for ev in events:
-            r.add(ev.tokens, ev.sources, ev.pieces, ev.drafters, ev.stats, ev.finish_reason)
+            r.add(ev.tokens, ev.sources, ev.pieces, ev.drafted_by, ev.stats, ev.finish_reason)
         return r
 
     # Speedups: both from the one cost model.
@@ -269,7 +239,7 @@ class Reply:
         """What the paper's formula predicts for this run's draft lengths at its measured alpha."""
         if self.costs is None or not self.stats.target_calls:
             return None
-        return self.costs.predicted_for(self.stats.gamma_hist, self.stats.alpha)
+        return self.costs.predicted_for(self.stats.drafted_hist, self.stats.alpha)
 
     @property
     def measured_speedup(self) -> float | None:
@@ -291,7 +261,7 @@ class Reply:
             "text": self.text,
             "tokens": self.tokens,
             "token_sources": self.sources,
-            "token_drafters": self.drafted_by,
+            "token_drafted_by": self.drafted_by,
             "finish_reason": self.finish_reason,
             "framing": self.framing,
             "note": self.note,
@@ -394,7 +364,7 @@ class Session:
                       gamma=engine.policy.label, costs=engine.costs, target=self.target.path)
         try:
             for ev in engine.generate(framed.tokens, req.config(framed.stop), stop):
-                reply.add(ev.tokens, ev.sources, ev.pieces, ev.drafters, ev.stats, ev.finish_reason)
+                reply.add(ev.tokens, ev.sources, ev.pieces, ev.drafted_by, ev.stats, ev.finish_reason)
                 reply.policy = engine.policy.snapshot() if engine.drafter is not None else {}
                 yield ev, reply
         finally:

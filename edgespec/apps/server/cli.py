@@ -14,7 +14,14 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from edgespec.apps.args import Parser, add_generation_args, check_address, check_exposure
+from edgespec.apps.args import (
+    Parser,
+    add_generation_args,
+    check_address,
+    check_exposure,
+    request_from_args,
+    runtime_options,
+)
 from edgespec.apps.server.http import Server, create_app
 from edgespec.apps.server.worker import ModelSlot
 from edgespec.runtime.errors import EdgeSpecError
@@ -57,7 +64,6 @@ def load(args: argparse.Namespace) -> tuple[Server, ModelPool]:
     """Load the target (and drafter, and its cost profile) and build the Server and its pool."""
     from edgespec.core import drafters
     from edgespec.models import DEFAULT_TARGET, resolve
-    from edgespec.service.session import Request, runtime_options
 
     if args.queue < 0:
         raise EdgeSpecError(f"--queue must be >= 0, got {args.queue}")
@@ -68,7 +74,7 @@ def load(args: argparse.Namespace) -> tuple[Server, ModelPool]:
         raise EdgeSpecError(f"--answers-tokens must be >= 0, got {cap}")
     suffix.STORE.configure(cap, suffix.AnswerStore.default_folder() if args.answers_persist else None)
     target = args.target or DEFAULT_TARGET
-    defaults = Request.from_args(args, "(server defaults)")
+    defaults = request_from_args(args, "(server defaults)")
     drafters.split_spec(args.draft)
     path = resolve(target)  # downloads a catalog/hf: model once, before the server starts
     pool = ModelPool(runtime_options(args), per_key=1, max_slots=2)

@@ -303,7 +303,7 @@ def summary(reply: Reply) -> dict:
         "text": reply.text,
         "tokens": list(reply.tokens),
         "sources": list(reply.sources),
-        "drafters": list(reply.drafted_by),
+        "drafted_by": list(reply.drafted_by),
         "finish": reply.finish_reason,
         "usage": {"prompt_tokens": st.prompt_tokens, "completion_tokens": st.generated,
                   "total_tokens": st.prompt_tokens + st.generated,
@@ -335,7 +335,7 @@ class Envelope:
     def completion(self, s: dict) -> dict:
         """The whole response to a request that did not stream; `s` is its `summary`."""
         finish = FINISH.get(s["finish"], "stop")
-        prov = {"tokens": s["tokens"], "sources": s["sources"], "drafters": s["drafters"],
+        prov = {"tokens": s["tokens"], "sources": s["sources"], "drafted_by": s["drafted_by"],
                 "finish_reason": s["finish"], "framing": s["framing"]}
         if self.kind == "chat":
             choice = {"index": 0, "message": {"role": "assistant", "content": s["text"]}, "logprobs": None,
@@ -369,7 +369,7 @@ class Envelope:
         return self.chunk(None if self.kind == "chat" else "", FINISH.get(s["finish"], "stop"),
                           {"timings": s["timings"],
                            "edgespec": {"finish_reason": s["finish"], "framing": s["framing"],
-                                        "tokens": [], "pieces": [], "sources": [], "drafters": []}})
+                                        "tokens": [], "pieces": [], "sources": [], "drafted_by": []}})
 
     def usage_chunk(self, s: dict) -> dict:
         """The last chunk when the client asked for stream_options.include_usage."""

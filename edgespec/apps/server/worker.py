@@ -134,7 +134,7 @@ class ModelSlot:
                 n = len(reply.tokens)
                 if n > shown:
                     job.emit("delta", {"tokens": reply.tokens[shown:n], "pieces": reply.pieces[shown:n],
-                                       "sources": reply.sources[shown:n], "drafters": reply.drafted_by[shown:n]})
+                                       "sources": reply.sources[shown:n], "drafted_by": reply.drafted_by[shown:n]})
                     shown = n
             self.generations += 1
             if reply is not None and reply.finish_reason == "stopped":

@@ -82,9 +82,9 @@ def defaults_from_args(args: argparse.Namespace, target: str) -> Defaults:
 
 def launch(args: argparse.Namespace) -> int:
     """`python app.py`: open the UI at args.host:args.port with the command line's settings."""
-    from edgespec.apps.args import check_exposure, key_auth
+    from edgespec.apps.args import check_exposure, key_auth, runtime_options
     from edgespec.models import DEFAULT_TARGET, resolve
-    from edgespec.service.session import parse_gamma, runtime_options
+    from edgespec.service.session import parse_gamma
 
     # the same rule as `serve`: beyond loopback only with a key (here the login password)
     key = args.api_key if args.api_key is not None else os.environ.get("EDGESPEC_API_KEY") or None
