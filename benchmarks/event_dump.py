@@ -86,16 +86,37 @@ def dump(quick: bool) -> dict:
     return out
 
 
-def compare(a: dict, b: dict) -> list[str]:
-    diffs = [f"only in the first: {k}" for k in a if k not in b] + [f"only in the second: {k}" for k in b if k not in a]
+# Counters renamed since a dump was written: old name -> new name (compared under the new name).
+RENAMED = {"gamma_hist": "drafted_hist"}
+
+
+def _renamed(d):
+    if isinstance(d, dict):
+        return {RENAMED.get(k, k): _renamed(v) for k, v in d.items()}
+    if isinstance(d, list):
+        return [_renamed(x) for x in d]
+    return d
+
+
+def compare(a: dict, b: dict) -> tuple[list[str], list[str]]:
+    """(differences between the replies, differences between the events) of two dumps. A reply is
+    its tokens, text, finish reason and counters; its events are how the engine handed it out."""
+    a, b = _renamed(a), _renamed(b)
+    replies = [f"only in the first: {k}" for k in a if k not in b] + [f"only in the second: {k}" for k in b if k not in a]
+    events = []
     for k in a:
-        if k in b and a[k] != b[k]:
-            ea, eb = a[k]["events"], b[k]["events"]
-            first = next((i for i, (x, y) in enumerate(zip(ea, eb, strict=False)) if x != y), min(len(ea), len(eb)))
-            keys = sorted({f for f in ea[first]} if first < min(len(ea), len(eb)) else {"events"})
-            diffs.append(f"{k}: differs at event {first} ({len(ea)} vs {len(eb)} events) "
-                         f"{[f for f in keys if first < min(len(ea), len(eb)) and ea[first][f] != eb[first][f]]}")
-    return diffs
+        if k not in b:
+            continue
+        fields = [f for f in ("tokens", "text", "finish_reason", "stats") if a[k][f] != b[k][f]]
+        if fields:
+            replies.append(f"{k}: the reply's {', '.join(fields)} differ")
+        ea, eb = a[k]["events"], b[k]["events"]
+        if ea != eb:
+            n = min(len(ea), len(eb))
+            first = next((i for i in range(n) if ea[i] != eb[i]), n)
+            what = sorted(f for f in ea[first] if ea[first][f] != eb[first][f]) if first < n else ["count"]
+            events.append(f"{k}: events differ from event {first} ({len(ea)} vs {len(eb)} events): {what}")
+    return replies, events
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,10 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.compare:
         a, b = (json.loads(p.read_text()) for p in args.compare)
-        diffs = compare(a, b)
-        print("\n".join(diffs) if diffs else f"identical: {len(a)} generations, "
-              f"{sum(len(v['events']) for v in a.values())} events")
-        return 1 if diffs else 0
+        replies, events = compare(a, b)
+        n_events = sum(len(v["events"]) for v in a.values())
+        print("\n".join(replies) if replies else f"replies identical: {len(a)} generations")
+        print("\n".join(events) if events else f"events identical: {n_events} events")
+        return 1 if replies or events else 0
     if args.out is None:
         ap.error("give --out FILE or --compare A B")
     data = dump(args.quick)
