@@ -33,7 +33,7 @@ SERVICE = PACKAGING / "service"
 DESKTOP = PACKAGING / "desktop"
 # What the wheel is built from (pyproject.toml names the rest).
 WHEEL_SOURCES = ["pyproject.toml", "requirements.txt", "requirements-test.txt", "packaging/README.md",
-                 "packaging/extras", "edgespec", "models", "quant", "benchmarks"]
+                 "packaging/extras", "edgespec"]
 PROMPT = "List the first five prime numbers."
 SOURCES = {"draft", "target", "bonus"}
 
@@ -102,7 +102,9 @@ def test_wheel_declares_command_dependencies_and_extras(wheel):
         info = next(n for n in names if n.endswith(".dist-info/METADATA"))
         meta = z.read(info).decode()
         entry = z.read(info.replace("METADATA", "entry_points.txt")).decode()
-    assert re.search(r"^edgespec = edgespec\.cli:main$", entry, re.M), entry
+    assert re.search(r"^edgespec = edgespec\.apps\.cli:main$", entry, re.M), entry
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert tops == {"edgespec"}, f"the wheel installs more than the one package: {sorted(tops)}"
     for f in ("edgespec/apps/cli.py", "edgespec/runtime/firstrun.py", "edgespec/apps/ui/app.py", "edgespec/core/drafters/ngram.py",
               "edgespec/models/catalog.json", "edgespec/models/bundled.py", "edgespec/apps/quant/prompts.txt", "edgespec/service/suites/spec_bench.jsonl",
               "edgespec/service/suites/code_edit.jsonl"):

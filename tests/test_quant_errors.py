@@ -18,8 +18,11 @@ from tests.conftest import ROOT
 PROMPTS = ROOT / "edgespec" / "apps" / "quant" / "prompts.txt"
 
 
-def _run(module: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=ROOT,
+MODULES = {"quant": "edgespec.apps.quant", "models": "edgespec.models"}  # the tools' modules
+
+
+def _run(tool: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", MODULES[tool], *args], capture_output=True, text=True, cwd=ROOT,
                           timeout=120)
 
 

@@ -371,7 +371,7 @@ def test_the_bench_gives_a_configuration_that_drafted_nothing_1x():
     cfgs = [bench.Config(bench.BASELINE, "baseline"), bench.Config("ngram", "ours", "ngram", "auto")]
     rates = {bench.BASELINE: 50.0, "ngram": 86.0}  # the same work, timed while the machine was busier
 
-    def run(cfg, text, tokens, max_tokens=None, stop=None):
+    def run(cfg, text, tokens, max_tokens=None, stop=None, owner=""):
         return bench.Run([1, 2, 3], rates[cfg.name], Stats(generated=3, target_calls=4, wall_s=0.1))
 
     runner = SimpleNamespace(s=SimpleNamespace(repeats=1, greedy=True, max_tokens=3), configs=cfgs, run=run,
