@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from edgespec.core.stats import speedup
 from edgespec.runtime import llamacpp
 from edgespec.runtime.errors import EdgeSpecError
 from edgespec.service.suites import Prompt, load_suites
@@ -231,7 +232,7 @@ def summarise(prompts: list[Prompt], names: list[str], results: dict) -> dict:
         for name in names:
             x = res[name]
             row["configs"][name] = {
-                "tok_s": x.rate, "rates": x.rates, "speedup": x.rate / base.rate if base.rate else 0.0,
+                "tok_s": x.rate, "rates": x.rates, "speedup": speedup(x.rate, base.rate),
                 "tokens": x.tokens, "drafted": x.drafted, "accepted": x.accepted, "accepted_by_source": x.by_source,
                 "same_text": all(t == base.texts[0] for t in x.texts) if not name.startswith(llamacpp.PREFIX) else None,
             }
@@ -254,7 +255,7 @@ def summarise(prompts: list[Prompt], names: list[str], results: dict) -> dict:
             toks = sum(r["configs"][name]["tokens"] for r in rs)
             secs = sum(r["configs"][name]["tokens"] / r["configs"][name]["tok_s"] for r in rs if r["configs"][name]["tok_s"])
             rate = toks / secs if secs else 0.0
-            cell[name] = {"tok_s": rate, "speedup": rate / (tok_plain / secs_plain) if secs_plain else 0.0,
+            cell[name] = {"tok_s": rate, "speedup": speedup(rate, tok_plain / secs_plain if secs_plain else 0.0),
                           "requests": len(rs)}
         kinds[kind] = cell
     return {"requests": rows, "kinds": kinds}
