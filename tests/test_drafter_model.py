@@ -15,6 +15,7 @@ from edgespec.models.pairing import check_compatible
 from edgespec.runtime.errors import EdgeSpecError
 from edgespec.runtime.llama import Model
 from edgespec.service.session import Reply
+from tests.batched_path import BatchedPath
 from tests.conftest import run_app
 
 QUESTIONS = [
@@ -48,10 +49,10 @@ def test_greedy_draft_model_equals_same_path_reference(pair):
     drafter = ModelDrafter(draft, target)
     for text in QUESTIONS[:2]:
         prompt = chat(target, text)
-        cfg = GenerationConfig(max_tokens=40, min_batch_rows=2)
-        ref = Reply.collect(Engine(target, None).generate(prompt, cfg))
+        cfg = GenerationConfig(max_tokens=40)
+        ref = Reply.collect(Engine(BatchedPath(target), None).generate(prompt, cfg))
         for gamma in (2, 5):
-            spec = Reply.collect(Engine(target, drafter, FixedGamma(gamma)).generate(prompt, cfg))
+            spec = Reply.collect(Engine(BatchedPath(target), drafter, FixedGamma(gamma)).generate(prompt, cfg))
             assert spec.tokens == ref.tokens
             assert spec.stats.acceptance_rate > 0.5  # same weights, finer quantization: drafts mostly agree
 

@@ -1,8 +1,9 @@
 """The step loop on the real bundled models.
 
 Exactness of the engine's logic: with flash attention off and every step decoded with at least two
-rows, the target sees the same kernel path whether it verifies drafts or decodes plainly, so greedy
-speculative output must equal the greedy reference token for token, whatever the drafter does.
+rows (tests/batched_path.py), the target sees the same kernel path whether it verifies drafts or
+decodes plainly, so greedy speculative output must equal the greedy reference token for token,
+whatever the drafter does.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from edgespec.core.engine import BONUS, DRAFT, TARGET, Engine, FixedGamma, Gener
 from edgespec.core.sampling import SamplingParams
 from edgespec.runtime.errors import EdgeSpecError
 from edgespec.service.session import Reply
+from tests.batched_path import BatchedPath
 
 PROMPTS = [
     "Rewrite this code with type hints:\n\ndef add(a, b):\n    return a + b\n\ndef mul(a, b):\n    return a * b\n\nAnswer:\n",
@@ -31,8 +33,8 @@ def encode(model, text: str) -> list[int]:
     return model.tokenize(text)
 
 
-def same_path(max_tokens: int = 48, **kw) -> GenerationConfig:
-    return GenerationConfig(max_tokens=max_tokens, min_batch_rows=2, **kw)
+def gen(max_tokens: int = 48, **kw) -> GenerationConfig:
+    return GenerationConfig(max_tokens=max_tokens, **kw)
 
 
 @pytest.mark.parametrize("model_name", ["smollm2", "gemma"])
@@ -40,10 +42,12 @@ def test_greedy_speculative_equals_same_path_reference(model_name, request):
     model = request.getfixturevalue(model_name)
     for text in PROMPTS:
         prompt = encode(model, text)
-        ref = Reply.collect(Engine(model, None).generate(prompt, same_path()))
+        plain = BatchedPath(model)
+        ref = Reply.collect(Engine(plain, None).generate(prompt, gen()))
         assert ref.stats.drafted == 0 and set(ref.sources) == {TARGET}
+        assert plain.padded_calls == ref.stats.target_calls  # every plain step ran on the batched path
         for gamma in (1, 4):
-            spec = Reply.collect(Engine(model, NgramDrafter(1, 3), FixedGamma(gamma)).generate(prompt, same_path()))
+            spec = Reply.collect(Engine(BatchedPath(model), NgramDrafter(1, 3), FixedGamma(gamma)).generate(prompt, gen()))
             assert spec.tokens == ref.tokens, f"{model_name} gamma={gamma} prompt={text[:30]!r}"
             assert spec.text == ref.text
             assert spec.stats.target_calls <= ref.stats.target_calls
@@ -51,7 +55,7 @@ def test_greedy_speculative_equals_same_path_reference(model_name, request):
 
 def test_events_account_for_every_token(gemma):
     prompt = encode(gemma, PROMPTS[0])
-    events = list(Engine(gemma, NgramDrafter(), FixedGamma(4)).generate(prompt, same_path(64)))
+    events = list(Engine(gemma, NgramDrafter(), FixedGamma(4)).generate(prompt, gen(64)))
     stats = events[-1].stats
     assert sum(len(e.tokens) for e in events) == stats.generated == 64
     assert sum(e.sources.count(DRAFT) for e in events) == stats.accepted > 0
@@ -87,9 +91,9 @@ def test_seeded_sampling_does_not_depend_on_drafting(smollm2):
     sampling = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, seed=3)
     for text in PROMPTS[:2]:
         prompt = encode(model, text)
-        ref = Reply.collect(Engine(model, None).generate(prompt, same_path(40, sampling=sampling)))
+        ref = Reply.collect(Engine(BatchedPath(model), None).generate(prompt, gen(40, sampling=sampling)))
         for gamma in (1, 3, 6):
-            spec = Reply.collect(Engine(model, NgramDrafter(1, 3), FixedGamma(gamma)).generate(prompt, same_path(40, sampling=sampling)))
+            spec = Reply.collect(Engine(BatchedPath(model), NgramDrafter(1, 3), FixedGamma(gamma)).generate(prompt, gen(40, sampling=sampling)))
             assert spec.tokens == ref.tokens, f"{model_name} gamma={gamma} prompt={text[:30]!r}"
         assert spec.stats.accepted > 0 or "poem" in text
 
@@ -106,7 +110,7 @@ def test_stop_event_ends_generation(smollm2):
 
 def test_stops_at_end_of_generation(smollm2):
     prompt = encode(smollm2, "What is 2+2? Answer with a number only.")
-    res = Reply.collect(Engine(smollm2, NgramDrafter(), FixedGamma(2)).generate(prompt, same_path(100)))
+    res = Reply.collect(Engine(smollm2, NgramDrafter(), FixedGamma(2)).generate(prompt, gen(100)))
     assert res.finish_reason == "eog"
     assert not any(smollm2.is_eog(t) for t in res.tokens)
 
@@ -166,10 +170,10 @@ def test_the_engine_ends_at_a_stop_string_and_counts_to_its_end(gemma):
     counts the steps once, up to the token that completed the stop string, like a step cut by an
     end-of-generation token."""
     prompt = encode(gemma, PROMPTS[0])
-    full = Reply.collect(Engine(gemma, NgramDrafter(), FixedGamma(4)).generate(prompt, same_path(64)))
+    full = Reply.collect(Engine(gemma, NgramDrafter(), FixedGamma(4)).generate(prompt, gen(64)))
     stop = next(full.text[i : i + 3] for i in range(8, len(full.text) - 3) if full.text[i] == "\n")
     at = full.text.index(stop)
-    events = list(Engine(gemma, NgramDrafter(), FixedGamma(4)).generate(prompt, same_path(64, stop_strings=(stop,))))
+    events = list(Engine(gemma, NgramDrafter(), FixedGamma(4)).generate(prompt, gen(64, stop_strings=(stop,))))
     cut = Reply.collect(iter(events))
     assert cut.finish_reason == "stop" == events[-1].finish_reason and cut.text == full.text[:at]
     assert cut.tokens == full.tokens[: len(cut.tokens)] and cut.sources == full.sources[: len(cut.sources)]

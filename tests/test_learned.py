@@ -22,6 +22,7 @@ from edgespec.models.gguf_tensors import target_fingerprint
 from edgespec.models.loader import RuntimeOptions
 from edgespec.runtime.errors import EdgeSpecError
 from edgespec.service.session import Reply
+from tests.batched_path import BatchedPath
 from tests.conftest import run_app
 
 BUDGET_MIN = 0.75
@@ -99,13 +100,15 @@ def test_onnx_runtime_cpu_provider_and_proposals(drafter_dir, smollm2):
 
 
 def test_greedy_with_learned_drafter_equals_same_path_reference(drafter_dir, smollm2):
-    cfg = GenerationConfig(max_tokens=40, min_batch_rows=2)
+    cfg = GenerationConfig(max_tokens=40)
     for text in ("Write a short poem about the sea.", "What is the capital of France? Answer:"):
         prompt = smollm2.tokenize(smollm2.apply_chat_template([{"role": "user", "content": text}]), parse_special=True)
-        ref = Reply.collect(Engine(smollm2, None).generate(prompt, cfg))
+        ref = Reply.collect(Engine(BatchedPath(smollm2), None).generate(prompt, cfg))
         for gamma in (1, 3):
             drafter = LearnedDrafter(drafter_dir, smollm2)
-            spec = Reply.collect(Engine(smollm2, drafter, FixedGamma(gamma)).generate(prompt, cfg))
+            target = BatchedPath(smollm2)
+            spec = Reply.collect(Engine(target, drafter, FixedGamma(gamma)).generate(prompt, cfg))
+            assert target.padded_calls > 0  # plain steps (nothing drafted) were padded, hidden states too
             assert spec.tokens == ref.tokens, f"gamma={gamma} {text!r}"
             assert spec.stats.drafted > 0  # it did draft after the first (plain) step
             drafted_by = {b for b, s in zip(spec.drafted_by, spec.sources, strict=True) if s == DRAFT}

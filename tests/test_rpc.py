@@ -24,6 +24,7 @@ from edgespec.runtime import backend, profiles, rpc
 from edgespec.runtime.errors import EdgeSpecError
 from edgespec.runtime.llama import Model
 from edgespec.service.session import Reply, Request, Session
+from tests.batched_path import BatchedPath
 from tests.conftest import ROOT, run_app
 
 
@@ -93,12 +94,13 @@ def test_greedy_output_over_rpc_equals_local_decoding(smollm2_path, servers):
         grown = [_rss_mb(s.proc.pid) - b for s, b in zip(servers, before, strict=True)]
         assert all(g >= 20 for g in grown), grown
         prompt = smollm2.tokenize(EDIT_PROMPT)
-        for config in (GenerationConfig(max_tokens=48), GenerationConfig(max_tokens=48, min_batch_rows=2)):
-            local = Reply.collect(Engine(smollm2, None).generate(prompt, config))
-            assert Reply.collect(Engine(remote, None).generate(prompt, config)).tokens == local.tokens
+        config = GenerationConfig(max_tokens=48)
+        for wrap in (lambda m: m, BatchedPath):
+            local = Reply.collect(Engine(wrap(smollm2), None).generate(prompt, config))
+            assert Reply.collect(Engine(wrap(remote), None).generate(prompt, config)).tokens == local.tokens
         # Speculative passes decode several rows, which take other kernels than single tokens (README,
         # "Exactness"); on the path where every pass has 2 rows or more they equal plain decoding.
-        spec = Reply.collect(Engine(remote, NgramDrafter(), FixedGamma(4)).generate(prompt, config))
+        spec = Reply.collect(Engine(BatchedPath(remote), NgramDrafter(), FixedGamma(4)).generate(prompt, config))
         assert spec.tokens == local.tokens
         # speculation over the network: fewer target passes (round trips) than tokens
         assert spec.stats.target_calls < spec.stats.generated

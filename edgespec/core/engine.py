@@ -95,9 +95,6 @@ class FixedGamma:
 class GenerationConfig:
     max_tokens: int = DEFAULT_MAX_TOKENS
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    # Decode every step with at least this many rows. 2 puts the baseline on the same (batched)
-    # kernel path as verification, which is how the engine's exactness is tested (README).
-    min_batch_rows: int = 1
     stop_at_eog: bool = True
     # 'rejection': modified rejection sampling (min(1, p/q), residual resample); 'match': accept a
     # draft only if the target samples the same token (lossless, lower acceptance; for comparison).
@@ -229,8 +226,8 @@ class Step:
     gamma: draft length asked for; draft: d_1..d_k (k <= gamma) and their q; logits: the target's
     rows [k+1, V] for [x_last, d_1..d_k] (row i scores the token after d_1..d_i); n_accepted: the
     accepted prefix; token: the token after it, the target's correction after a rejection or the
-    bonus (row k) when every draft was accepted; rows: the pass's batch size, `pad` padding rows
-    (GenerationConfig.min_batch_rows) included; seconds of the draft, target and verify phases.
+    bonus (row k) when every draft was accepted; rows: the pass's batch size; seconds of the draft,
+    target and verify phases.
     """
 
     gamma: int
@@ -239,7 +236,6 @@ class Step:
     n_accepted: int
     token: int
     rows: int
-    pad: int
     draft_s: float
     target_s: float
     verify_s: float
@@ -356,7 +352,7 @@ class Engine:
         drafter = self.drafter
         if drafter is not None:
             if self.needs_hidden and finish is None:
-                drafter.observe_hidden(self.target.last_hidden[s.pad + n_acc])
+                drafter.observe_hidden(self.target.last_hidden[n_acc])
             drafter.commit(context, n_acc)
         pieces = [stream.push(t) for t in new]
         if finish is not None and pieces:
@@ -379,8 +375,8 @@ class Engine:
         gamma, draft = self._draft(context, limit)  # d_1..d_k ~ q_1..q_k, k <= gamma
         t1 = time.perf_counter()
         n_past = self.target.n_past
-        batch, pad = self._batch(context, draft, cfg.min_batch_rows)  # [x_last, d_1..d_k]
-        logits = self._score(batch, pad, len(draft))  # p_1..p_{k+1} in parallel: [k+1, V]
+        batch = [context[-1], *draft.tokens.tolist()]  # [x_last, d_1..d_k]
+        logits = self._score(batch)  # p_1..p_{k+1} in parallel: [k+1, V]
         t2 = time.perf_counter()
         if cfg.sampling.greedy:  # accepted prefix n, then the correction (n < k) or bonus (n = k)
             n, token = verify_greedy(logits, draft.tokens)
@@ -389,7 +385,7 @@ class Engine:
         else:  # r < min(1, p/q) per draft; a rejection resamples from norm(max(0, p - q))
             n, token = verify_stochastic(logits, draft.tokens, draft.probs, cfg.sampling, noise.at(len(context)))
         self.target.truncate(n_past + 1 + n)  # drop the rejected drafts from the KV cache
-        return Step(gamma, draft, logits, n, token, len(batch), pad, t1 - t0, t2 - t1, time.perf_counter() - t2)
+        return Step(gamma, draft, logits, n, token, len(batch), t1 - t0, t2 - t1, time.perf_counter() - t2)
 
     def _draft(self, context: list[int], limit: int) -> tuple[int, Draft]:
         """This step's draft length and draft (`propose_draft`); none without a drafter."""
@@ -397,22 +393,10 @@ class Engine:
             return 0, Draft()
         return propose_draft(self.drafter, self.policy, context, limit)
 
-    def _batch(self, context: list[int], draft: Draft, min_rows: int) -> tuple[list[int], int]:
-        """The rows of the verification pass, [x_last, d_1..d_k], and how many committed tokens
-        precede them as padding (GenerationConfig.min_batch_rows: they are rolled out of the cache
-        and decoded again, so that a plain step runs on the batched kernel path; tests)."""
-        batch = [context[-1], *draft.tokens.tolist()]
-        if len(batch) >= min_rows:
-            return batch, 0
-        pad = min(min_rows - len(batch), self.target.n_past)
-        self.target.truncate(self.target.n_past - pad)
-        return context[len(context) - 1 - pad : -1] + batch, pad
-
-    def _score(self, batch: list[int], pad: int, k: int) -> np.ndarray:
-        """The target's logits rows [k+1, V] for a batch [padding, x_last, d_1..d_k]."""
-        if self.needs_hidden:  # every row is an output then (runtime.decode), so drop the padding's rows
-            return self.target.decode(batch, n_logits=len(batch), hidden=True)[pad:]
-        return self.target.decode(batch, n_logits=k + 1)
+    def _score(self, batch: list[int]) -> np.ndarray:
+        """The target's logits rows [k+1, V] for the batch [x_last, d_1..d_k] (and its hidden
+        states, `target.last_hidden`, for a drafter that reads them)."""
+        return self.target.decode(batch, n_logits=len(batch), hidden=self.needs_hidden)
 
     def _shown(self, s: Step, remaining: int, stop_at_eog: bool) -> tuple[list[int], list[str], list[str], str | None]:
         """A step's tokens as the generation keeps them, with their sources and drafted_by (StepEvent)
