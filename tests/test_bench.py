@@ -20,9 +20,9 @@ from conftest import ROOT, run_app
 
 from benchmarks.ceiling import bench_rows
 from edgespec.core.costs import CostModel
-from edgespec.core.engine import first_divergence
 from edgespec.core.stats import Stats
 from edgespec.runtime.errors import EdgeSpecError
+from edgespec.runtime.exactness import first_divergence
 from edgespec.runtime.profiles import profile_rows
 from edgespec.service.bench.runner import (
     BASELINE,

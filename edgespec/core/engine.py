@@ -437,12 +437,3 @@ def _columns(shown: list[Shown]) -> tuple[list[int], list[str], list[str], list[
     tokens, sources, pieces, drafted_by = zip(*shown, strict=True)
     return list(tokens), list(sources), list(pieces), list(drafted_by)
 
-
-def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
-    """Index of the first position where two token sequences differ (None if one prefixes the other
-    and they have equal length)."""
-    n = min(len(a), len(b))
-    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
-    if diff.size:
-        return int(diff[0])
-    return None if len(a) == len(b) else n

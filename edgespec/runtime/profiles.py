@@ -15,9 +15,8 @@ it is checked against the single-token passes every generation times anyway
 machine does now.
 
 In exact mode the profile also holds how many rows a pass may have and still give bit-identical
-logits to single-token decoding (`max_rows`, probed on a real text by `probe_batch_invariance`);
-drafts are capped to that. The probe lives here, beside the measurement that stores its answer,
-because `profile()` runs it and the cost model below the service layer asks for the profile.
+logits to single-token decoding (`max_rows`, from `exactness.probe_batch_invariance`); drafts are
+capped to that.
 """
 
 from __future__ import annotations
@@ -35,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.runtime import llama as runtime
+from edgespec.runtime.exactness import PROBE_TEXT, probe_batch_invariance
 from edgespec.runtime.llama import Model
 
 K_MAX = 17  # rows profiled one by one: a draft of up to 16 tokens plus the last committed token
@@ -46,16 +46,7 @@ LONG_ROWS = (24, 32, 48, 64)
 GAMMA_MAX = LONG_ROWS[-1] - 1
 CONTEXT_AT = 512  # tokens of context before the profiled passes (prompt + output of a typical request)
 PROFILE_VERSION = 3  # how profiles are measured; stored profiles of other versions are measured again
-# A real paragraph for the batch-invariance probe (positions in real text, not a repeated phrase).
-PROBE_TEXT = (
-    "The lighthouse keeper climbed the spiral stairs every evening at dusk, counting the steps out of "
-    "habit rather than need. At the top he trimmed the wick, polished the great lens with a soft cloth, "
-    "and wrote the weather in a ledger that nobody had read for thirty years. Ships no longer relied on "
-    "his light; satellites told them where the rocks were. Still, on foggy nights, a fishing boat would "
-    "sometimes sound its horn as it passed, two short blasts and a long one, and he liked to think it was "
-    "a greeting. In the winter the storms came from the north-west and the spray reached the gallery "
-    "windows, leaving salt crusted on the glass that took him a whole morning to scrub away."
-)
+
 
 
 def profile_dir() -> Path:
@@ -126,31 +117,6 @@ def measure_pass_costs(model: Model, rows: Sequence[int], repeats: int = 3, at: 
             save()
     model.truncate(start)
     return {k: float(np.min(samples[k])) for k in rows}
-
-
-def probe_batch_invariance(model: Model, max_rows: int = K_MAX, contexts: Sequence[int] = (24, 96),
-                           progress: Callable[[float], None] | None = None) -> int:
-    """Largest K such that passes of 2..K rows give logits bit-identical to decoding the same
-    tokens one at a time (1 if not even 2 rows do), after `contexts` tokens of real text.
-    progress(fraction) after each context."""
-    toks = model.tokenize(PROBE_TEXT, add_special=True)
-    best = max_rows
-    for i, n_ctx in enumerate(contexts):
-        if progress is not None:
-            progress(i / len(contexts))
-        n_ctx = min(n_ctx, len(toks) - max_rows)
-        model.reset()
-        model.decode(toks[:n_ctx], n_logits=0)
-        singles = np.stack([np.array(model.decode([toks[n_ctx + i]], n_logits=1)[0]) for i in range(max_rows)])
-        for k in range(2, best + 1):
-            model.truncate(n_ctx)
-            if not np.array_equal(model.decode(toks[n_ctx : n_ctx + k], n_logits=k), singles[:k]):
-                best = k - 1
-                break
-    model.reset()
-    if progress is not None:
-        progress(1.0)
-    return best
 
 
 def _key(model: Model) -> str:
@@ -266,7 +232,7 @@ def profile(model: Model, rows: Sequence[int] | None = None,
             for k in missing:
                 prof.partial.pop(k, None)
         if probe:
-            prof.max_rows = probe_batch_invariance(model, progress=part(share, 1.0 - share))
+            prof.max_rows = probe_batch_invariance(model, K_MAX, progress=part(share, 1.0 - share))
         if not prof.write(path, model):
             _unstored[path] = prof
     _loaded[model] = prof

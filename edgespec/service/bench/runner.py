@@ -308,7 +308,7 @@ def pooled(stats: Sequence[Stats], costs: CostModel | None) -> dict:
 
 def bench_prompt(runner: Runner, pr: Prompt, tokens: list[int], stop: threading.Event | None) -> dict | None:
     """Time every configuration on one prompt (interleaved, rotating order) and compare outputs."""
-    from edgespec.service.exactness import explain_divergence
+    from edgespec.runtime.exactness import explain_divergence
 
     s = runner.s
     cfgs = runner.configs
