@@ -39,6 +39,7 @@ from pathlib import Path
 from edgespec.core.stats import speedup
 from edgespec.runtime import llamacpp
 from edgespec.runtime.errors import EdgeSpecError
+from edgespec.runtime.llama import DEFAULT_N_CTX
 from edgespec.service.suites import Prompt, load_suites
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -310,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--limit", type=int, default=None, help="only the first N requests")
     ap.add_argument("--reference", action="append", default=[], metavar="llama.cpp:TYPE,...",
                     help="also run llama.cpp's speculation on the same prompt tokens: " + ",".join(llamacpp.SPEC_TYPES))
-    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--ctx", type=int, default=DEFAULT_N_CTX)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--flash-attn", choices=["auto", "on", "off"], default="auto")
     ap.add_argument("--exact", action="store_true")

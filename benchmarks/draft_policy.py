@@ -48,7 +48,7 @@ def main() -> int:
     from edgespec.models.derive import derive_pair
 
     target_path, draft_path = derive_pair()
-    session = Session.load(str(target_path), RuntimeOptions(n_ctx=4096))
+    session = Session.load(str(target_path), RuntimeOptions())
     framing = frame(session.target, Request(text="?", framing="question")).framing
     configs = {  # name: (draft spec, gamma)
         "baseline": ("none", "0"),

@@ -128,7 +128,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer prompts and tokens (a smoke run)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    opts = RuntimeOptions(n_ctx=4096, flash_attn="auto", exact=args.exact)
+    opts = RuntimeOptions(exact=args.exact)
     code = [pr.text for pr in load_suite(shipped_suites()["code_edit"])][: 1 if args.quick else 3]
     questions = spec_bench_subset(1 if args.quick else 2)
     max_tokens, repeats = (64, 1) if args.quick else (160, 3)

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import httpx
 
+from edgespec.runtime.llama import DEFAULT_N_CTX
+
 ROOT = Path(__file__).resolve().parent.parent
 
 DOCUMENT = (
@@ -168,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.server_load", description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--draft", default="ngram", help="the server's drafter, compared with draft none")
-    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--ctx", type=int, default=DEFAULT_N_CTX)
     ap.add_argument("--turn-tokens", type=int, default=48, help="max tokens per chat turn")
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--requests", type=int, default=32)

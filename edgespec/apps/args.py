@@ -199,5 +199,6 @@ def runtime_options(args: argparse.Namespace) -> RuntimeOptions:
     """The runtime options of the command line's runtime arguments (`add_runtime_args`)."""
     from edgespec.models.loader import RuntimeOptions
 
+    rpc = getattr(args, "rpc", None)  # a program without --rpc (bench) runs every layer here
     return RuntimeOptions(n_ctx=args.ctx, n_threads=args.threads, flash_attn=args.flash_attn, exact=args.exact,
-                          rpc=tuple(args.rpc.split(",")) if args.rpc else ())
+                          rpc=tuple(rpc.split(",")) if rpc else ())

@@ -69,9 +69,11 @@ def main(argv: list[str]) -> int:
 
     args = build_parser().parse_args(argv)
     target = args.target or DEFAULT_TARGET
-    runtime_kw = {"n_ctx": args.ctx, "n_threads": args.threads, "flash_attn": args.flash_attn, "exact": args.exact}
+    from edgespec.apps.args import runtime_options
+
+    opts = runtime_options(args)
     if args.verify_cost:
-        res = verify_cost(target, runtime_kw, args.max_k, args.repeats, args.out)
+        res = verify_cost(target, opts, args.max_k, args.repeats, args.out)
         from edgespec.service.bench.report import verify_cost_markdown
 
         print(verify_cost_markdown(res))
@@ -99,7 +101,7 @@ def main(argv: list[str]) -> int:
         llama_cpp=[t for spec in args.reference for t in llamacpp.parse_reference(spec)],
         llama_cpp_draft_max=args.reference_draft_max,
         llama_cpp_draft_model=args.reference_draft_model,
-        **runtime_kw,
+        runtime=opts,
     )
     load_suites(s.suites, s.categories, s.per_category)  # so does a bad suite file
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 from edgespec.runtime import llama as runtime
 from edgespec.runtime.errors import EdgeSpecError
-from edgespec.runtime.llama import FlashAttn, Model
+from edgespec.runtime.llama import DEFAULT_N_CTX, FlashAttn, Model
 
 MIN_CTX = 256  # below this llama.cpp rounds the context up anyway (its minimum padding)
 
@@ -33,7 +33,7 @@ class RuntimeOptions:
     "Exactness"). `rpc` lists llama.cpp rpc-servers (HOST:PORT) that hold the target's layers; a
     drafter's model loads with `local()`, on this machine."""
 
-    n_ctx: int = 4096
+    n_ctx: int = DEFAULT_N_CTX
     n_threads: int | None = None
     flash_attn: FlashAttn = "auto"
     exact: bool = False

@@ -44,6 +44,12 @@ _interrupted = False
 _in_c = 0
 
 
+# Context and batch size a model loads with unless told otherwise (the CLI, UI and server default
+# to these through RuntimeOptions).
+DEFAULT_N_CTX = 4096
+DEFAULT_N_BATCH = 512
+
+
 def _on_sigint(signum: int, frame: object) -> None:
     global _interrupted
     if _in_c:
@@ -207,8 +213,8 @@ class Model:
         self,
         path: str | os.PathLike,
         *,
-        n_ctx: int = 4096,
-        n_batch: int = 512,
+        n_ctx: int = DEFAULT_N_CTX,
+        n_batch: int = DEFAULT_N_BATCH,
         n_threads: int | None = None,
         flash_attn: FlashAttn = "auto",
         repack: bool = True,

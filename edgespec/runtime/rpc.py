@@ -285,8 +285,8 @@ class RemoteModel(Model):
         path: str | os.PathLike,
         endpoints: Sequence[str],
         *,
-        n_ctx: int = 4096,
-        n_batch: int = 512,
+        n_ctx: int = runtime.DEFAULT_N_CTX,
+        n_batch: int = runtime.DEFAULT_N_BATCH,
         flash_attn: FlashAttn = "auto",
         progress: Callable[[float], None] | None = None,
     ) -> None:

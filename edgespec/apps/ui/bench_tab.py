@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import gradio as gr
 
 from edgespec.models import BUNDLED
+from edgespec.models.loader import RuntimeOptions
 from edgespec.runtime.errors import EdgeSpecError
 from edgespec.service.bench.report import PLOTS
 from edgespec.service.bench.runner import BenchSettings, run_bench
@@ -28,6 +29,9 @@ if TYPE_CHECKING:
 POLL_S = 0.5
 STOP_KIND = "bench"  # the AppContext stop-flag kind of this tab's runs
 LABELS = {"spec_bench": "Spec-Bench", "code_edit": "code_edit"}
+# The tab's own run: a quick look, so fewer prompts, tokens and repeats than `app.py bench`'s
+# defaults (BenchSettings), which are for numbers to report.
+QUICK_RUN = {"per_category": 2, "max_tokens": 64, "repeats": 1}
 
 
 def suite_choices() -> list[tuple[str, str]]:
@@ -58,7 +62,7 @@ def run_small_suite(
             max_tokens=int(max_tokens),
             repeats=int(repeats),
             reference=bool(reference),
-            n_threads=threads or None,
+            runtime=RuntimeOptions(n_threads=threads or None),
         )
     except EdgeSpecError as exc:
         raise gr.Error(str(exc)) from None
@@ -116,9 +120,9 @@ def bench_tab(ctx: AppContext) -> None:
         suite = gr.Dropdown(choices, value=choices[0][1] if choices else None, label="suite", allow_custom_value=True)
         target = gr.Dropdown(list(BUNDLED), value="gemma3-270m", label="target", allow_custom_value=True)
     with gr.Row():
-        per_cat = gr.Number(2, label="prompts per category", precision=0, minimum=1)
-        max_tokens = gr.Number(64, label="max tokens", precision=0, minimum=1)
-        repeats = gr.Number(1, label="repeats", precision=0, minimum=1)
+        per_cat = gr.Number(QUICK_RUN["per_category"], label="prompts per category", precision=0, minimum=1)
+        max_tokens = gr.Number(QUICK_RUN["max_tokens"], label="max tokens", precision=0, minimum=1)
+        repeats = gr.Number(QUICK_RUN["repeats"], label="repeats", precision=0, minimum=1)
         threads = gr.Number(0, label="threads (0 = all cores)", precision=0, minimum=0)
         reference = gr.Checkbox(True, label="llama-cpp-python reference")
     with gr.Row():

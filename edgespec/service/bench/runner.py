@@ -28,6 +28,7 @@ rows, and the best speedup speculation could give on this machine at perfect acc
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import signal
@@ -74,10 +75,7 @@ class BenchSettings:
     llama_cpp: list[str] = field(default_factory=list)  # llama.cpp speculation types run as references
     llama_cpp_draft_max: int = 16
     llama_cpp_draft_model: str | None = None  # draft-simple's -md; default: the first model:NAME in drafts
-    n_ctx: int = RuntimeOptions.n_ctx
-    n_threads: int | None = RuntimeOptions.n_threads
-    flash_attn: str = RuntimeOptions.flash_attn
-    exact: bool = RuntimeOptions.exact
+    runtime: RuntimeOptions = field(default_factory=RuntimeOptions)  # how the target and drafts load
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -158,12 +156,11 @@ class Runner:
 
     def __init__(self, s: BenchSettings, log: Callable[[str], None]) -> None:
         from edgespec.core import drafters
-        from edgespec.models.loader import RuntimeOptions
         from edgespec.runtime import profiles
         from edgespec.service.session import Session, frame
 
         self.s = s
-        self.opts = RuntimeOptions(n_ctx=s.n_ctx, n_threads=s.n_threads, flash_attn=s.flash_attn, exact=s.exact)
+        self.opts = s.runtime
         log(f"loading {s.target}")
         self.session = Session.load(s.target, self.opts)
         self.target = self.session.target
@@ -495,7 +492,7 @@ def _meta(runner: Runner, prompts_total: int) -> dict:
     """What results.json says about a run before its first prompt: settings, target, machine, the
     configurations and the stored cost profile."""
     return {
-        "settings": {k: v for k, v in vars(runner.s).items()},
+        "settings": {**vars(runner.s), "runtime": dataclasses.asdict(runner.s.runtime)},
         "target": runner.target.path,
         "target_description": runner.target.info.description,
         "configs": [vars(c) for c in runner.configs],
@@ -511,21 +508,21 @@ def _meta(runner: Runner, prompts_total: int) -> dict:
     }
 
 
-def verify_cost(target: str, opts_kw: dict, max_k: int, repeats: int, out_dir: str | None) -> dict:
+def verify_cost(target: str, opts: RuntimeOptions, max_k: int, repeats: int, out_dir: str | None) -> dict:
     """T(K) for K = 1..max_k and the ceiling speedup at perfect acceptance.
 
     With every draft accepted (alpha = 1) and free drafting (c = 0), a pass over K rows yields K
     tokens for T(K)/T(1) single-token passes: the cost model's speedup of K-1 drafts,
     `CostModel.speedup(1.0, K-1, c=0)` = K T(1) / T(K); the ceiling is its largest.
     """
-    from edgespec.models.loader import RuntimeOptions, load_model
+    from edgespec.models.loader import load_model
     from edgespec.runtime.profiles import measure_pass_costs
 
     if max_k < 2:
         raise EdgeSpecError(f"--max-k must be >= 2, got {max_k}")
     if repeats < 1:
         raise EdgeSpecError(f"--repeats must be >= 1, got {repeats}")
-    model = load_model(target, RuntimeOptions(**opts_kw))
+    model = load_model(target, opts)
     try:
         if max_k > model.n_batch:
             raise EdgeSpecError(f"--max-k must be <= {model.n_batch}, got {max_k}")
