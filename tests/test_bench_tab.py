@@ -30,8 +30,10 @@ def test_tab_builds_and_lists_the_shipped_suites():
     with gr.Blocks() as app:
         with gr.Tab("Bench"):
             bench_tab(make_ctx())
-    choices = dict(suite_choices())
+    listed = suite_choices()
+    choices = dict(listed)
     assert set(choices) == {"agent", "code_edit", "code_open", "Spec-Bench"}
+    assert listed[0][0] == "Spec-Bench"  # offered first: the tab's default suite
     assert all(Path(p).is_file() and p.endswith(".jsonl") for p in choices.values())
     assert any(isinstance(c, gr.Gallery) for c in app.blocks.values())
     # Run and Stop both get the browser session (gr.Request) that keys their stop flag.
