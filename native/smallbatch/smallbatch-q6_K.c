@@ -136,16 +136,21 @@ static inline __attribute__((always_inline)) void sb_q6_K_q8_K(int n, float * s,
 SB_Q6_K_NC(1) SB_Q6_K_NC(2) SB_Q6_K_NC(3) SB_Q6_K_NC(4)
 SB_Q6_K_NC(5) SB_Q6_K_NC(6) SB_Q6_K_NC(7) SB_Q6_K_NC(8)
 
-static void sb_q6_K_q8_K_nc(int n, float * s, const void * vx, const void * const * vy, int nc) {
-    switch (nc) {
-        case 1: sb_q6_K_q8_K_1(n, s, vx, vy); break;
-        case 2: sb_q6_K_q8_K_2(n, s, vx, vy); break;
-        case 3: sb_q6_K_q8_K_3(n, s, vx, vy); break;
-        case 4: sb_q6_K_q8_K_4(n, s, vx, vy); break;
-        case 5: sb_q6_K_q8_K_5(n, s, vx, vy); break;
-        case 6: sb_q6_K_q8_K_6(n, s, vx, vy); break;
-        case 7: sb_q6_K_q8_K_7(n, s, vx, vy); break;
-        default: sb_q6_K_q8_K_8(n, s, vx, vy); break;
+static void sb_q6_K_q8_K_nc(int n, float * s, size_t bs, const void * vx, size_t bx, int nw,
+                            const void * const * vy, int nc) {
+    for (int w = 0; w < nw; ++w) {
+        const void * x = (const char *) vx + w * bx;
+        float * sw = s + w * bs;
+        switch (nc) {
+            case 1: sb_q6_K_q8_K_1(n, sw, x, vy); break;
+            case 2: sb_q6_K_q8_K_2(n, sw, x, vy); break;
+            case 3: sb_q6_K_q8_K_3(n, sw, x, vy); break;
+            case 4: sb_q6_K_q8_K_4(n, sw, x, vy); break;
+            case 5: sb_q6_K_q8_K_5(n, sw, x, vy); break;
+            case 6: sb_q6_K_q8_K_6(n, sw, x, vy); break;
+            case 7: sb_q6_K_q8_K_7(n, sw, x, vy); break;
+            default: sb_q6_K_q8_K_8(n, sw, x, vy); break;
+        }
     }
 }
 
