@@ -26,8 +26,8 @@ cxx="c++ -O3 -DNDEBUG -std=gnu++17 -D_GNU_SOURCE $flags -ffunction-sections -fda
 ren="-Dggml_smallbatch_q6_K=old_smallbatch_q6_K -Dggml_smallbatch_q4_Kx8=old_smallbatch_q4_Kx8"
 $cc -I"$b/old" $inc $ren -c "$b/old/smallbatch-q6_K.c" -o "$b/old-q6_K.o"
 $cc -I"$b/old" $inc $ren -c "$b/old/smallbatch-q4_K.c" -o "$b/old-q4_K.o"
-$cc -I"$here/.." $inc -c "$here/../smallbatch-q6_K.c" -o "$b/q6_K.o"
-$cc -I"$here/.." $inc -c "$here/../smallbatch-q4_K.c" -o "$b/q4_K.o"
+$cc ${SB_CFLAGS:-} -I"$here/.." $inc -c "$here/../smallbatch-q6_K.c" -o "$b/q6_K.o"
+$cc ${SB_CFLAGS:-} -I"$here/.." $inc -c "$here/../smallbatch-q4_K.c" -o "$b/q4_K.o"
 $cc -I"$here/.." $inc -c "$here/sb_bench.c" -o "$b/sb_bench.o"
 # ggml's per-row kernels, straight from the sdist
 $cc $inc -c "$ggml/src/ggml-cpu/arch/x86/quants.c" -o "$b/ref-quants.o"

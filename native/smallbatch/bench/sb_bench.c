@@ -184,6 +184,7 @@ int main(int argc, char ** argv) {
 
         if (!check_only) {
             static const int ncs[] = {1, 2, 4, 8};
+            const int nwt = getenv("SB_NW") ? atoi(getenv("SB_NW")) : GGML_SMALLBATCH_MAX_WROWS;
             for (int k = 0; k < 4; ++k) {
                 const int nc = ncs[k];
                 double t[4][REPEATS];
@@ -191,8 +192,8 @@ int main(int argc, char ** argv) {
                     double t0 = now_ns();
                     for (int r = 0; r < nrows; ++r) old6(n, out, (const char *) w6 + r * row6, vy, nc);
                     double t1 = now_ns();
-                    for (int r = 0; r < nrows; r += GGML_SMALLBATCH_MAX_WROWS)
-                        new6(n, out, nc_max, (const char *) w6 + r * row6, row6, GGML_SMALLBATCH_MAX_WROWS, vy, nc);
+                    for (int r = 0; r < nrows; r += nwt)
+                        new6(n, out, nc_max, (const char *) w6 + r * row6, row6, nwt, vy, nc);
                     double t2 = now_ns();
                     old4(n, out, nrows, w4x8, vy, nc, nrows);
                     double t3 = now_ns();
