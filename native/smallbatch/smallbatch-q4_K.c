@@ -58,6 +58,15 @@ static inline __m256i sb_scales_mins(const uint8_t * packed) {
     return _mm256_unpacklo_epi32(r03, r47);
 }
 
+// With VNNI, the high nibbles of a byte are used in place, as 16 x the code (0..240): dpbusd sums the
+// four products in 32 bits, exactly. Without it maddubs' 16-bit pair sums would saturate, so the
+// codes are shifted down as before.
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+#define SB_Q4_HIGH_X16 1
+#else
+#define SB_Q4_HIGH_X16 0
+#endif
+
 // acc + dpbusd(a, the 4 bytes at p in every lane). With AVX-512VL the broadcast is dpbusd's
 // embedded-broadcast memory operand ({1to8}): a separate broadcast instruction would take an
 // execution slot of the same pipes as dpbusd on Zen 4 (measured: 1 cycle per broadcast + dpbusd pair,
@@ -117,13 +126,25 @@ static inline __attribute__((always_inline)) void sb_q4_Kx8_q8_K(int n, float * 
                     const __m256i odd  = _mm256_blend_epi32(lo_sw, hi, 0xaa);  // weights 8j+4..8j+7
                     q[0][2 * j]     = _mm256_and_si256(even, m4);
                     q[0][2 * j + 1] = _mm256_and_si256(odd, m4);
+#if SB_Q4_HIGH_X16
+                    // the high nibbles left in place (16 x the code): no shift, which on Zen 4 competes
+                    // with dpbusd for its pipes; the factor 16 is taken out once per super-block below
+                    q[1][2 * j]     = _mm256_andnot_si256(m4, even);
+                    q[1][2 * j + 1] = _mm256_andnot_si256(m4, odd);
+#else
                     q[1][2 * j]     = _mm256_and_si256(_mm256_srli_epi16(even, 4), m4);
                     q[1][2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(odd, 4), m4);
+#endif
                 }
                 const __m256i sm  = sb_scales_mins(w[b].scales + 24 * sb);
                 const __m128i sm0 = _mm256_castsi256_si128(sm);
                 const __m128i sm1 = _mm256_extracti128_si256(sm, 1);
+#if SB_Q4_HIGH_X16
+                // 16 x the scales of sub-block 2sb, to match the 16 x codes of sub-block 2sb+1
+                const __m256i sc0 = _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_shuffle_epi8(sm0, lane_order8)), 4);
+#else
                 const __m256i sc0 = _mm256_cvtepu8_epi32(_mm_shuffle_epi8(sm0, lane_order8));
+#endif
                 const __m256i sc1 = _mm256_cvtepu8_epi32(_mm_shuffle_epi8(sm1, lane_order8));
                 // per row in natural order: min of sub-block 2sb, min of 2sb+1
                 const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(_mm_shuffle_epi32(sm0, 0x4e), _mm_shuffle_epi32(sm1, 0x4e)));
@@ -148,6 +169,11 @@ static inline __attribute__((always_inline)) void sb_q4_Kx8_q8_K(int n, float * 
             }
             for (int r = 0; r < nr; ++r) {
                 const __m256 yd = _mm256_set1_ps(((const block_q8_K *) vy[r] + b)->d);
+#if SB_Q4_HIGH_X16
+                // isum is 16 x the gemv's int32 sum, exactly (|16 x sum| <= 16 * 8 * 63 * 15 * 128 * 32
+                // < 2^31), so the shift gives that sum
+                isum[r] = _mm256_srai_epi32(isum[r], 4);
+#endif
                 acc[r]     = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(d_lanes, yd), acc[r]);
                 acc_min[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin[r]), _mm256_mul_ps(dmin, yd), acc_min[r]);
             }
