@@ -35,21 +35,6 @@ static inline float sb_hsum_float_8(const __m256 x) {
     return _mm_cvtss_f32(res);
 }
 
-// the 16-bit scale of each pair of 16-weight groups, spread over the 32 bytes they multiply
-static inline __m256i sb_scale_pair(const __m128i scales, int k) {
-    static const uint8_t shuffle[128] = {
-         0, 0, 0, 0, 0, 0, 0, 0,  1, 1, 1, 1, 1, 1, 1, 1,
-         2, 2, 2, 2, 2, 2, 2, 2,  3, 3, 3, 3, 3, 3, 3, 3,
-         4, 4, 4, 4, 4, 4, 4, 4,  5, 5, 5, 5, 5, 5, 5, 5,
-         6, 6, 6, 6, 6, 6, 6, 6,  7, 7, 7, 7, 7, 7, 7, 7,
-         8, 8, 8, 8, 8, 8, 8, 8,  9, 9, 9, 9, 9, 9, 9, 9,
-        10,10,10,10,10,10,10,10, 11,11,11,11,11,11,11,11,
-        12,12,12,12,12,12,12,12, 13,13,13,13,13,13,13,13,
-        14,14,14,14,14,14,14,14, 15,15,15,15,15,15,15,15,
-    };
-    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, _mm_loadu_si128((const __m128i *) shuffle + k)));
-}
-
 // nc is a compile-time constant in each instantiation below, so the column loops unroll and the
 // accumulators stay in registers.
 static inline __attribute__((always_inline)) void sb_q6_K_q8_K(int n, float * s, const void * vx,
@@ -90,9 +75,19 @@ static inline __attribute__((always_inline)) void sb_q6_K_q8_K(int n, float * s,
 
         const __m128i scales    = _mm_loadu_si128((const __m128i *) x[i].scales);
         const __m256i scales_16 = _mm256_cvtepi8_epi16(scales);
+        // the 16-bit scale of each pair of 16-weight groups, spread over the 32 bytes they multiply:
+        // in-lane byte shuffles of the widened scales (rather than a widening per pair)
         __m256i sc[8];
-        for (int k = 0; k < 8; ++k) {
-            sc[k] = sb_scale_pair(scales, k);
+        {
+            const __m256i s03 = _mm256_permute4x64_epi64(scales_16, 0x44);  // scales 0-7 in both halves
+            const __m256i s47 = _mm256_permute4x64_epi64(scales_16, 0xee);  // scales 8-15 in both halves
+            for (int k = 0; k < 8; ++k) {
+                const int b = 4 * (k % 4);  // bytes of scale 2k (low half) and 2k+1 (high half) in the 8 scales
+                const __m256i idx = _mm256_setr_epi8(b, b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1,
+                                                     b + 2, b + 3, b + 2, b + 3, b + 2, b + 3, b + 2, b + 3,
+                                                     b + 2, b + 3, b + 2, b + 3, b + 2, b + 3, b + 2, b + 3);
+                sc[k] = _mm256_shuffle_epi8(k < 4 ? s03 : s47, idx);
+            }
         }
 
         for (int c = 0; c < nc; ++c) {
@@ -136,16 +131,21 @@ static inline __attribute__((always_inline)) void sb_q6_K_q8_K(int n, float * s,
 SB_Q6_K_NC(1) SB_Q6_K_NC(2) SB_Q6_K_NC(3) SB_Q6_K_NC(4)
 SB_Q6_K_NC(5) SB_Q6_K_NC(6) SB_Q6_K_NC(7) SB_Q6_K_NC(8)
 
-static void sb_q6_K_q8_K_nc(int n, float * s, const void * vx, const void * const * vy, int nc) {
-    switch (nc) {
-        case 1: sb_q6_K_q8_K_1(n, s, vx, vy); break;
-        case 2: sb_q6_K_q8_K_2(n, s, vx, vy); break;
-        case 3: sb_q6_K_q8_K_3(n, s, vx, vy); break;
-        case 4: sb_q6_K_q8_K_4(n, s, vx, vy); break;
-        case 5: sb_q6_K_q8_K_5(n, s, vx, vy); break;
-        case 6: sb_q6_K_q8_K_6(n, s, vx, vy); break;
-        case 7: sb_q6_K_q8_K_7(n, s, vx, vy); break;
-        default: sb_q6_K_q8_K_8(n, s, vx, vy); break;
+static void sb_q6_K_q8_K_nc(int n, float * s, size_t bs, const void * vx, size_t bx, int nw,
+                            const void * const * vy, int nc) {
+    for (int w = 0; w < nw; ++w) {
+        const void * x = (const char *) vx + w * bx;
+        float * sw = s + w * bs;
+        switch (nc) {
+            case 1: sb_q6_K_q8_K_1(n, sw, x, vy); break;
+            case 2: sb_q6_K_q8_K_2(n, sw, x, vy); break;
+            case 3: sb_q6_K_q8_K_3(n, sw, x, vy); break;
+            case 4: sb_q6_K_q8_K_4(n, sw, x, vy); break;
+            case 5: sb_q6_K_q8_K_5(n, sw, x, vy); break;
+            case 6: sb_q6_K_q8_K_6(n, sw, x, vy); break;
+            case 7: sb_q6_K_q8_K_7(n, sw, x, vy); break;
+            default: sb_q6_K_q8_K_8(n, sw, x, vy); break;
+        }
     }
 }
 

@@ -52,7 +52,7 @@ bool ggml_smallbatch_mul_mat_chunk(const struct ggml_tensor * dst, const void * 
 
     const void * y[GGML_SMALLBATCH_MAX_COLS];
     float *      d[GGML_SMALLBATCH_MAX_COLS];
-    float        s[GGML_SMALLBATCH_MAX_COLS];
+    float        s[GGML_SMALLBATCH_MAX_WROWS * GGML_SMALLBATCH_MAX_COLS];
 
     for (int64_t c0 = ir1_start; c0 < ir1_end;) {
         // up to MAX_COLS consecutive columns that multiply the same src0 matrix
@@ -75,10 +75,14 @@ bool ggml_smallbatch_mul_mat_chunk(const struct ggml_tensor * dst, const void * 
             nc++;
         }
         const char * src0_mat = (const char *) src0->data + i02 * nb02 + i03 * nb03;
-        for (int64_t ir0 = ir0_start; ir0 < ir0_end; ++ir0) {
-            dot((int) ne00, s, src0_mat + ir0 * nb01, y, nc);
-            for (int j = 0; j < nc; ++j) {
-                d[j][ir0] = s[j];
+        // up to MAX_WROWS weight rows a call, so that each activation load serves all of them
+        for (int64_t ir0 = ir0_start; ir0 < ir0_end; ir0 += GGML_SMALLBATCH_MAX_WROWS) {
+            const int nw = (int) MIN(GGML_SMALLBATCH_MAX_WROWS, ir0_end - ir0);
+            dot((int) ne00, s, GGML_SMALLBATCH_MAX_COLS, src0_mat + ir0 * nb01, nb01, nw, y, nc);
+            for (int w = 0; w < nw; ++w) {
+                for (int j = 0; j < nc; ++j) {
+                    d[j][ir0 + w] = s[w * GGML_SMALLBATCH_MAX_COLS + j];
+                }
             }
         }
         c0 = c;

@@ -21,10 +21,13 @@ extern "C" {
 
 #define GGML_SMALLBATCH_MAX_COLS 8    // activation rows one kernel call takes
 #define GGML_SMALLBATCH_MAX_BATCH 16  // activation rows the small-batch path takes, in calls of up to MAX_COLS
+#define GGML_SMALLBATCH_MAX_WROWS 4   // weight rows one per-row-layout kernel call takes
 
-// s[c] = dot(vx, vy[c]) for c < nc (1 <= nc <= GGML_SMALLBATCH_MAX_COLS); n values per row,
-// vx one row of the weight type, vy[c] rows of the type's vec_dot_type.
-typedef void (*ggml_smallbatch_dot_t)(int n, float * s, const void * vx, const void * const * vy, int nc);
+// s[w * bs + c] = dot(weight row w, vy[c]) for w < nw (1 <= nw <= GGML_SMALLBATCH_MAX_WROWS) and
+// c < nc (1 <= nc <= GGML_SMALLBATCH_MAX_COLS); n values per row, weight row w of the weight type
+// at (const char *) vx + w * bx, vy[c] rows of the type's vec_dot_type.
+typedef void (*ggml_smallbatch_dot_t)(int n, float * s, size_t bs, const void * vx, size_t bx, int nw,
+                                      const void * const * vy, int nc);
 
 // For weights repacked eight rows at a time (repack.cpp): s[r * bs + c] = dot(weight row c,
 // vy[r]) for r < nr (1 <= nr <= GGML_SMALLBATCH_MAX_COLS) and c < nc (a multiple of 8); vx

@@ -1,0 +1,218 @@
+// Single-thread microbenchmark and bit-identity check of the small-batch kernels (../*.c) against
+// ggml's per-row kernels: ggml_vec_dot_q6_K_q8_K (arch/x86/quants.c) for Q6_K and
+// ggml_gemv_q4_K_8x8_q8_K (arch/x86/repack.cpp) for Q4_K repacked eight rows at a time.
+// Built by build.sh from the vendored ggml of the llama-cpp-python sdist; `old_*` are the kernels
+// of an earlier commit (build.sh OLD=<rev>), compiled with their getters renamed.
+//
+//   sb_bench [--check-only]
+// prints, per weight type, width and activation-row count: ns per activation row per 256 weights
+// (Q4_K: per group of eight weight rows x 256 weights) for the old and the new kernel, the fastest
+// of 21 interleaved repeats, and exits 1 if any result differs from the per-row kernel's in any bit.
+#include "smallbatch.h"
+
+#define GGML_COMMON_DECL_C
+#include "ggml-common.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+void quantize_row_q4_K_ref(const float * x, block_q4_K * y, int64_t k);
+void quantize_row_q6_K_ref(const float * x, block_q6_K * y, int64_t k);
+void quantize_row_q8_K_ref(const float * x, block_q8_K * y, int64_t k);
+void ggml_vec_dot_q6_K_q8_K(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc);
+void ggml_gemv_q4_K_8x8_q8_K(int n, float * s, size_t bs, const void * vx, const void * vy, int nr, int nc);
+
+// the earlier commit's kernels (interface of that commit)
+typedef void (*old_dot_t)(int n, float * s, const void * vx, const void * const * vy, int nc);
+old_dot_t old_smallbatch_q6_K(void);
+ggml_smallbatch_gemm_t old_smallbatch_q4_Kx8(void);
+
+// ggml-cpu's fp16 -> fp32 table (ggml-cpu.c fills it in ggml_cpu_init); the per-row kernels read it
+float ggml_table_f32_f16[1 << 16];
+float ggml_fp16_to_fp32(ggml_fp16_t x);
+
+typedef struct {  // block_q4_Kx8 (repack.h)
+    ggml_half d[8];
+    ggml_half dmin[8];
+    uint8_t   scales[96];
+    uint8_t   qs[1024];
+} bench_q4_Kx8;
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static float frand(void) {  // roughly N(0,1)-shaped: sum of uniforms
+    float s = 0;
+    for (int i = 0; i < 4; ++i) {
+        rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+        s += (float) (rng >> 40) / (float) (1 << 24) - 0.5f;
+    }
+    return s;
+}
+
+static double now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e9 + t.tv_nsec;
+}
+
+static int cmp_double(const void * a, const void * b) {
+    const double x = *(const double *) a, y = *(const double *) b;
+    return x < y ? -1 : x > y;
+}
+
+// 8 Q4_K rows -> block_q4_Kx8 groups: d, dmin, the quants interleaved 8 bytes at a time, the
+// 6-bit scales and mins of each sub-block regrouped 12 bytes per sub-block over the 8 rows
+static void pack_q4_Kx8(const block_q4_K * rows[8], bench_q4_Kx8 * out, int nb) {
+    for (int b = 0; b < nb; ++b) {
+        bench_q4_Kx8 * o = out + b;
+        for (int r = 0; r < 8; ++r) {
+            o->d[r] = rows[r][b].d;
+            o->dmin[r] = rows[r][b].dmin;
+        }
+        for (int i = 0; i < 128; ++i) {
+            memcpy(o->qs + 8 * i, rows[i % 8][b].qs + 8 * (i / 8), 8);
+        }
+        for (int sub = 0; sub < 8; ++sub) {
+            uint8_t sc[8], mn[8];
+            for (int r = 0; r < 8; ++r) {  // unpack the row's 6-bit scale and min of sub-block `sub`
+                const uint8_t * q = rows[r][b].scales;
+                if (sub < 4) {
+                    sc[r] = q[sub] & 63;
+                    mn[r] = q[sub + 4] & 63;
+                } else {
+                    sc[r] = (q[sub + 4] & 15) | ((q[sub - 4] >> 6) << 4);
+                    mn[r] = (q[sub + 4] >> 4) | ((q[sub] >> 6) << 4);
+                }
+            }
+            // 12 bytes per sub-block: rows 0-3 in the low 6 bits, rows 4-7 split over the rest
+            uint8_t * p = o->scales + 12 * sub;
+            for (int r = 0; r < 4; ++r) {
+                p[r]     = sc[r] | ((sc[r + 4] & 48) << 2);
+                p[r + 4] = mn[r] | ((mn[r + 4] & 48) << 2);
+                p[r + 8] = (sc[r + 4] & 15) | ((mn[r + 4] & 15) << 4);
+            }
+        }
+    }
+}
+
+enum { WIDTHS = 2, REPEATS = 21 };
+static const int widths[WIDTHS] = {1536, 8960};
+
+int main(int argc, char ** argv) {
+    const int check_only = argc > 1 && strcmp(argv[1], "--check-only") == 0;
+    int failures = 0;
+    for (int i = 0; i < (1 << 16); ++i) {
+        ggml_table_f32_f16[i] = ggml_fp16_to_fp32((ggml_fp16_t) i);
+    }
+    const int nc_max = GGML_SMALLBATCH_MAX_COLS;
+
+    for (int wi = 0; wi < WIDTHS; ++wi) {
+        const int n = widths[wi];
+        const int nb = n / QK_K;
+        // weight rows: ~1-2 MB per matrix, about what one thread streams of a real layer
+        const int nrows = n == 1536 ? 1024 : 256;
+        float * f = malloc(sizeof(float) * n);
+
+        block_q8_K * act = malloc(sizeof(block_q8_K) * nb * nc_max);
+        const void * vy[GGML_SMALLBATCH_MAX_COLS];
+        for (int c = 0; c < nc_max; ++c) {
+            for (int i = 0; i < n; ++i) f[i] = frand();
+            quantize_row_q8_K_ref(f, act + c * nb, n);
+            vy[c] = act + c * nb;
+        }
+
+        block_q6_K * w6 = malloc(sizeof(block_q6_K) * nb * nrows);
+        block_q4_K * w4 = malloc(sizeof(block_q4_K) * nb * nrows);
+        for (int r = 0; r < nrows; ++r) {
+            for (int i = 0; i < n; ++i) f[i] = frand() * 0.02f;
+            quantize_row_q6_K_ref(f, w6 + r * nb, n);
+            for (int i = 0; i < n; ++i) f[i] = frand() * 0.02f;
+            quantize_row_q4_K_ref(f, w4 + r * nb, n);
+        }
+        bench_q4_Kx8 * w4x8 = malloc(sizeof(bench_q4_Kx8) * nb * (nrows / 8));
+        for (int g = 0; g < nrows / 8; ++g) {
+            const block_q4_K * rows[8];
+            for (int r = 0; r < 8; ++r) rows[r] = w4 + (g * 8 + r) * nb;
+            pack_q4_Kx8(rows, w4x8 + g * nb, nb);
+        }
+        const size_t row6 = sizeof(block_q6_K) * nb;
+
+        // reference results
+        float * ref6 = malloc(sizeof(float) * nrows * nc_max);
+        float * ref4 = malloc(sizeof(float) * nrows * nc_max);
+        for (int c = 0; c < nc_max; ++c) {
+            for (int r = 0; r < nrows; ++r) {
+                ggml_vec_dot_q6_K_q8_K(n, ref6 + r * nc_max + c, 0, (const char *) w6 + r * row6, 0, vy[c], 0, 1);
+            }
+            ggml_gemv_q4_K_8x8_q8_K(n, ref4 + c * nrows, nrows, w4x8, vy[c], 1, nrows);
+        }
+
+        float * out = malloc(sizeof(float) * nrows * nc_max);
+        const ggml_smallbatch_dot_t new6 = ggml_smallbatch_q6_K();
+        const old_dot_t old6 = old_smallbatch_q6_K();
+        const ggml_smallbatch_gemm_t new4 = ggml_smallbatch_q4_Kx8();
+        const ggml_smallbatch_gemm_t old4 = old_smallbatch_q4_Kx8();
+
+        for (int nc = 1; nc <= nc_max; ++nc) {
+            // Q6_K, new kernel: every (weight row, activation row) against vec_dot
+            int bad6 = 0, bad4 = 0;
+            memset(out, 0xff, sizeof(float) * nrows * nc_max);
+            for (int r = 0; r < nrows; r += GGML_SMALLBATCH_MAX_WROWS) {
+                const int nw = nrows - r < GGML_SMALLBATCH_MAX_WROWS ? nrows - r : GGML_SMALLBATCH_MAX_WROWS;
+                new6(n, out + r * nc_max, nc_max, (const char *) w6 + r * row6, row6, nw, vy, nc);
+            }
+            for (int r = 0; r < nrows; ++r)
+                for (int c = 0; c < nc; ++c)
+                    bad6 += memcmp(out + r * nc_max + c, ref6 + r * nc_max + c, sizeof(float)) != 0;
+            // an odd number of weight rows too (the driver's tail)
+            for (int nw = 1; nw <= GGML_SMALLBATCH_MAX_WROWS; ++nw) {
+                memset(out, 0xff, sizeof(float) * nrows * nc_max);
+                new6(n, out, nc_max, (const char *) w6 + 3 * row6, row6, nw, vy, nc);
+                for (int w = 0; w < nw; ++w)
+                    for (int c = 0; c < nc; ++c)
+                        bad6 += memcmp(out + w * nc_max + c, ref6 + (3 + w) * nc_max + c, sizeof(float)) != 0;
+            }
+            memset(out, 0xff, sizeof(float) * nrows * nc_max);
+            new4(n, out, nrows, w4x8, vy, nc, nrows);
+            for (int c = 0; c < nc; ++c)
+                bad4 += memcmp(out + c * nrows, ref4 + c * nrows, sizeof(float) * nrows) != 0;
+            printf("check n=%d nc=%d: Q6_K %s, Q4_Kx8 %s\n", n, nc, bad6 ? "DIFFERS" : "bit-identical",
+                   bad4 ? "DIFFERS" : "bit-identical");
+            failures += bad6 + bad4;
+        }
+
+        if (!check_only) {
+            static const int ncs[] = {1, 2, 4, 8};
+            const int nwt = getenv("SB_NW") ? atoi(getenv("SB_NW")) : GGML_SMALLBATCH_MAX_WROWS;
+            for (int k = 0; k < 4; ++k) {
+                const int nc = ncs[k];
+                double t[4][REPEATS];
+                for (int rep = 0; rep < REPEATS; ++rep) {
+                    double t0 = now_ns();
+                    for (int r = 0; r < nrows; ++r) old6(n, out, (const char *) w6 + r * row6, vy, nc);
+                    double t1 = now_ns();
+                    for (int r = 0; r < nrows; r += nwt)
+                        new6(n, out, nc_max, (const char *) w6 + r * row6, row6, nwt, vy, nc);
+                    double t2 = now_ns();
+                    old4(n, out, nrows, w4x8, vy, nc, nrows);
+                    double t3 = now_ns();
+                    new4(n, out, nrows, w4x8, vy, nc, nrows);
+                    double t4 = now_ns();
+                    const double units = (double) nc * nb;
+                    t[0][rep] = (t1 - t0) / (units * nrows);
+                    t[1][rep] = (t2 - t1) / (units * nrows);
+                    t[2][rep] = (t3 - t2) / (units * (nrows / 8));
+                    t[3][rep] = (t4 - t3) / (units * (nrows / 8));
+                }
+                for (int j = 0; j < 4; ++j) qsort(t[j], REPEATS, sizeof(double), cmp_double);
+                // the fastest repeat: on a shared machine the others measure the neighbours as well
+                printf("time n=%d nc=%d  Q6_K old %6.2f new %6.2f (x%.2f) | Q4_Kx8 old %6.2f new %6.2f (x%.2f)\n", n, nc,
+                       t[0][0], t[1][0], t[0][0] / t[1][0], t[2][0], t[3][0], t[2][0] / t[3][0]);
+            }
+        }
+        free(f); free(act); free(w6); free(w4); free(w4x8); free(ref6); free(ref4); free(out);
+    }
+    printf(failures ? "FAILED: %d results differ\n" : "all results bit-identical\n", failures);
+    return failures != 0;
+}
