@@ -133,7 +133,7 @@ build_exact_modules() {  # build_exact_modules FLAGS -> prints the folder
 # unpatched module runs: it never fails the set-up. EDGESPEC_KERNELS=stock skips it.
 build_kernel_modules() {  # build_kernel_modules FLAGS VARIANT -> prints the folder ('' on failure)
   local flags="$1" variant="$2" key dir src log patch_dir="$here/native/smallbatch"
-  key="$(build_key "$flags|$variant|$(cat "$patch_dir"/* | sha256sum | cut -c1-16)")"
+  key="$(build_key "$flags|$variant|$(cat "$patch_dir"/*.c "$patch_dir"/*.h "$patch_dir"/*.patch | sha256sum | cut -c1-16)")"
   dir="$CACHE/kernels/llama-cpp-python-$LLAMA_CPP_VERSION-$key"
   log="$CACHE/kernels/build-$key.log"
   if ! ls "$dir"/*ggml-cpu-"$variant".* >/dev/null 2>&1; then

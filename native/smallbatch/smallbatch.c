@@ -75,7 +75,8 @@ bool ggml_smallbatch_mul_mat_chunk(const struct ggml_tensor * dst, const void * 
             nc++;
         }
         const char * src0_mat = (const char *) src0->data + i02 * nb02 + i03 * nb03;
-        // up to MAX_WROWS weight rows a call, so that each activation load serves all of them
+        // up to MAX_WROWS weight rows a call: a kernel may share activation loads between them (the
+        // Q6_K one runs them one after another: sharing spilled registers and was slower on Zen 4)
         for (int64_t ir0 = ir0_start; ir0 < ir0_end; ir0 += GGML_SMALLBATCH_MAX_WROWS) {
             const int nw = (int) MIN(GGML_SMALLBATCH_MAX_WROWS, ir0_end - ir0);
             dot((int) ne00, s, GGML_SMALLBATCH_MAX_COLS, src0_mat + ir0 * nb01, nb01, nw, y, nc);
