@@ -31,7 +31,8 @@ from edgespec.core.drafters.suffix import (
 from edgespec.core.engine import Engine, FixedGamma
 from edgespec.core.sampling import SamplingParams
 from edgespec.service.session import Reply
-from tests.test_engine import PROMPTS, encode, same_path
+from tests.batched_path import BatchedPath
+from tests.test_engine import PROMPTS, encode, gen
 
 
 # ----------------------------------------------------------------------------- the index, no model
@@ -170,8 +171,8 @@ def test_gamma_auto_plans_with_the_drafters_confidence():
 
 # ----------------------------------------------------------------------------- on the real models
 def generate(model, drafter, text: str, gamma: int = 4, max_tokens: int = 64, **kw) -> Reply:
-    cfg = same_path(max_tokens, **kw)
-    reply = Reply.collect(Engine(model, drafter, FixedGamma(gamma)).generate(encode(model, text), cfg))
+    cfg = gen(max_tokens, **kw)  # plain steps on the batched kernel path too (tests/batched_path.py)
+    reply = Reply.collect(Engine(BatchedPath(model), drafter, FixedGamma(gamma)).generate(encode(model, text), cfg))
     if drafter is not None:
         drafter.close()  # as the session does after every generation: the answer joins the cache
     return reply
