@@ -65,12 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
+    from edgespec.apps.args import runtime_options
     from edgespec.service.session import parse_ngram
 
     args = build_parser().parse_args(argv)
     target = args.target or DEFAULT_TARGET
-    from edgespec.apps.args import runtime_options
-
     opts = runtime_options(args)
     if args.verify_cost:
         res = verify_cost(target, opts, args.max_k, args.repeats, args.out)

@@ -160,9 +160,8 @@ class Runner:
         from edgespec.service.session import Session, frame
 
         self.s = s
-        self.opts = s.runtime
         log(f"loading {s.target}")
-        self.session = Session.load(s.target, self.opts)
+        self.session = Session.load(s.target, s.runtime)
         self.target = self.session.target
         self.refs: dict = {}
         self.cost_models: dict[str, CostModel] = {}  # per configuration of ours: its latest reply's
