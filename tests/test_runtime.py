@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
+
 import numpy as np
 import pytest
 
@@ -49,6 +53,51 @@ def test_prefill_longer_than_a_batch(smollm2, smollm2_path):
     small.close()
     smollm2.reset()  # same tokens in one batch: same next-token choice
     assert np.argmax(smollm2.decode(toks, n_logits=1)[0]) == np.argmax(row[-1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts OS threads in /proc")
+def test_every_decode_runs_on_one_compute_thread(smollm2):
+    """Decodes from the main thread and from other threads all run on the one compute thread: a new
+    calling thread starts no new OS threads. (With llama.cpp's OpenMP, every thread that decodes
+    would get its own team of workers, and once the teams outnumber the cores libgomp cuts every
+    barrier's spin-wait: plain decoding from a server's worker thread ran ~30% slower.)"""
+    if smollm2.n_threads < 2:
+        pytest.skip("one compute thread: llama.cpp starts no workers")
+    toks = smollm2.tokenize("one two three four five")
+
+    def rows() -> np.ndarray:
+        smollm2.reset()
+        return np.array(smollm2.decode(toks, n_logits=2))
+
+    expected = rows()
+    got: dict[str, np.ndarray] = {}
+    turn = {name: threading.Event() for name in ("a", "b")}
+    finished = {name: threading.Event() for name in ("a", "b")}
+    leave = threading.Event()
+
+    def caller(name: str) -> None:  # stays alive after decoding, as a server's worker thread does
+        turn[name].wait()
+        got[name] = rows()
+        finished[name].set()
+        leave.wait()
+
+    threads = [threading.Thread(target=caller, args=(n,), daemon=True) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    try:
+        before = set(os.listdir("/proc/self/task"))
+        for name in ("a", "b"):
+            turn[name].set()
+            assert finished[name].wait(60)
+            assert set(os.listdir("/proc/self/task")) == before, f"thread {name}'s decode started new threads"
+    finally:
+        leave.set()
+        for event in turn.values():
+            event.set()
+        for t in threads:
+            t.join()
+    for name in ("a", "b"):
+        np.testing.assert_array_equal(got[name], expected)
 
 
 def test_tokenize_detokenize_round_trip(smollm2, gemma):

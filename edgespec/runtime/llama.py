@@ -14,6 +14,7 @@ from __future__ import annotations
 import codecs
 import ctypes
 import os
+import queue
 import signal
 import threading
 from collections.abc import Callable, Sequence
@@ -68,6 +69,64 @@ class _CCall:
     def __exit__(self, *exc: object) -> None:
         global _in_c
         _in_c -= 1
+
+
+class _ComputeThread:
+    """The one thread of this process on which llama.cpp computes (`run`).
+
+    ggml's CPU backend runs a pass's threads with OpenMP, and libgomp keeps a team of worker
+    threads for every thread that starts parallel work. Once the teams' threads outnumber the
+    cores, libgomp cuts each barrier's spin-wait to almost nothing (`gomp_throttled_spin_count_var`
+    when `gomp_managed_threads > gomp_available_cpus`), so the dozens of barriers of every pass sleep
+    and wake in the kernel. A server's worker thread, a UI's generation threads and a main thread
+    that decoded once are such threads: on 2 cores (AMD EPYC Zen 4), plain decoding of the 1.5B
+    target ran at 21-23 tok/s from a second thread against 29-33 from one (docs/server.md). So
+    every decode goes to this thread, started on first use; the caller waits for it (a hand-over
+    costs tens of microseconds against a pass's tens of milliseconds)."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._start = threading.Lock()
+
+    def run(self, fn: Callable[..., int], *args: object) -> int:
+        if threading.current_thread() is self._thread:
+            return fn(*args)
+        if self._thread is None:
+            with self._start:
+                if self._thread is None:
+                    th = threading.Thread(target=self._serve, name="edgespec-llama-compute", daemon=True)
+                    th.start()
+                    self._thread = th
+        job = _Job(fn, args)
+        self._jobs.put(job)
+        job.done.acquire()  # a signal handler may run while this waits (it only notes Ctrl-C: _CCall)
+        if job.error is not None:
+            raise job.error
+        return job.result
+
+    def _serve(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                job.result = job.fn(*job.args)
+            except BaseException as exc:  # handed back to the caller
+                job.error = exc
+            job.done.release()
+
+
+class _Job:
+    __slots__ = ("fn", "args", "done", "result", "error")
+
+    def __init__(self, fn: Callable[..., int], args: tuple) -> None:
+        self.fn, self.args = fn, args
+        self.done = threading.Lock()
+        self.done.acquire()  # released by the compute thread when the call returns
+        self.result: int = 0
+        self.error: BaseException | None = None
+
+
+_compute = _ComputeThread()
 
 
 def set_mode(mode: str) -> None:
@@ -472,7 +531,7 @@ class Model:
                 self._b_logits[max(first_out, 0) : m] = 1
             self._batch.n_tokens = m
             with _CCall():
-                rc = llama.llama_decode(self._ctx, self._batch)
+                rc = _compute.run(llama.llama_decode, self._ctx, self._batch)
             if rc == 0:
                 self._cached.extend(chunk.tolist())
             else:  # a failed (or aborted) decode may leave part of the batch behind: drop it
