@@ -45,7 +45,7 @@ K_MAX = 17  # rows profiled one by one: a draft of up to 16 tokens plus the last
 LONG_ROWS = (24, 32, 48, 64)
 GAMMA_MAX = LONG_ROWS[-1] - 1
 CONTEXT_AT = 512  # tokens of context before the profiled passes (prompt + output of a typical request)
-PROFILE_VERSION = 3  # how profiles are measured; stored profiles of other versions are measured again
+PROFILE_VERSION = 4  # how profiles are measured; stored profiles of other versions are measured again
 
 
 

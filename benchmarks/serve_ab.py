@@ -1,0 +1,120 @@
+"""Two checkouts of this repository serving the same target, the same requests sent to each in
+turn: how a change to the serving path moves what clients see (`timings.predicted_per_second`).
+
+    .venv/bin/python -m benchmarks.serve_ab --before /path/to/old/checkout [--after .] \
+        [--target qwen2.5-coder-1.5b] [--drafts none,ngram] [--requests 6] [--repeats 3]
+
+Each checkout runs `python app.py serve` with its own virtual environment (`.venv` inside it, or a
+link to one) on a free loopback port; both servers stay loaded, and only one generates at a time.
+The requests are the first requests of the agent suite's kinds (edit, diff, rewrite, tool call,
+extraction), each under its own API key per repeat so the suffix drafter never sees its own earlier
+answer. Order alternates (before/after, then after/before). Prints per-request rates and, per
+drafter, medians and the median per-request ratio after/before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from benchmarks.agent_suite import free_port, messages
+from edgespec.runtime.errors import EdgeSpecError
+from edgespec.service.suites import load_suites, shipped_suites
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def start(tree: Path, target: str, port: int, log: Path, timeout: float) -> subprocess.Popen:
+    python = tree / ".venv" / "bin" / "python"
+    if not (tree / "app.py").is_file() or not python.exists():
+        raise EdgeSpecError(f"{tree} is not a checkout with its .venv (app.py and .venv/bin/python)")
+    cmd = [str(python), "app.py", "serve", "--port", str(port), "--target", target, "--draft", "suffix", "--queue", "2"]
+    proc = subprocess.Popen(cmd, cwd=tree, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise EdgeSpecError(f"the server of {tree} exited ({proc.returncode}): {log.read_text()[-1000:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise EdgeSpecError(f"the server of {tree} did not start within {timeout:.0f} s (log: {log})")
+
+
+def first_of_each_kind(n: int) -> list:
+    seen, out = set(), []
+    for pr in load_suites([shipped_suites()["agent"]]):
+        if pr.kind not in seen:
+            seen.add(pr.kind)
+            out.append(pr)
+    rest = [pr for pr in load_suites([shipped_suites()["agent"]]) if pr not in out]
+    return (out + rest)[:n]
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.serve_ab", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--before", required=True, help="the checkout to compare against")
+    ap.add_argument("--after", default=str(ROOT), help="the checkout with the change (default: this one)")
+    ap.add_argument("--target", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--drafts", default="none,ngram", help="what each request is sent with (`draft`)")
+    ap.add_argument("--requests", type=int, default=6)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--start-timeout", type=float, default=1800.0)
+    args = ap.parse_args(argv)
+    import openai
+
+    trees = {"before": Path(args.before).resolve(), "after": Path(args.after).resolve()}
+    drafts = [d.strip() for d in args.drafts.split(",") if d.strip()]
+    prompts = first_of_each_kind(args.requests)
+    procs, clients = [], {}
+    rates = {(side, d): [] for side in trees for d in drafts}
+    try:
+        for side, tree in trees.items():
+            port = free_port()
+            print(f"starting {side}: {tree} on 127.0.0.1:{port}", file=sys.stderr, flush=True)
+            procs.append(start(tree, args.target, port, Path(f"/tmp/serve_ab_{side}.log"), args.start_timeout))
+            clients[side] = port
+        print("| repeat | request | drafter | before tok/s | after tok/s | after / before |")
+        print("|---|---|---|---|---|---|")
+        for r in range(args.repeats):
+            for i, pr in enumerate(prompts):
+                for d in drafts:
+                    order = list(trees) if (r + i) % 2 == 0 else list(trees)[::-1]
+                    got = {}
+                    for side in order:
+                        client = openai.OpenAI(base_url=f"http://127.0.0.1:{clients[side]}/v1",
+                                               api_key=f"serve-ab-{r}", max_retries=0, timeout=1800)
+                        resp = client.chat.completions.create(
+                            model=args.target, messages=messages(pr), max_tokens=pr.max_tokens or 128,
+                            temperature=0, extra_body={"draft": d})
+                        got[side] = resp.model_extra["timings"]["predicted_per_second"]
+                        rates[(side, d)].append(got[side])
+                    print(f"| {r + 1} | {pr.id} | {d} | {got['before']:.1f} | {got['after']:.1f} | "
+                          f"{got['after'] / got['before']:.2f} |", flush=True)
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(timeout=60)
+    print()
+    for d in drafts:
+        b, a = rates[("before", d)], rates[("after", d)]
+        ratios = [y / x for x, y in zip(b, a, strict=True)]
+        print(f"{d}: before median {statistics.median(b):.1f} tok/s, after {statistics.median(a):.1f} tok/s; "
+              f"after / before per request: median {statistics.median(ratios):.2f} "
+              f"(range {min(ratios):.2f}-{max(ratios):.2f}, {len(ratios)} requests)")
+    return 0
+
+
+if __name__ == "__main__":
+    from edgespec.runtime.errors import run_command
+
+    sys.exit(run_command(lambda: main(sys.argv[1:])))
