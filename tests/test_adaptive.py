@@ -239,6 +239,8 @@ def test_match_prior_steps_down_to_the_tabled_size_and_short_matches_start_uninf
     assert size_class(100) == max(MATCH_PRIOR) and size_class(0) == 0
     assert MATCH_PRIOR[1] < MATCH_PRIOR[4] < MATCH_PRIOR[16] < MATCH_PRIOR[64]
     assert start_prior(PRIOR_MIN_MATCH - 1) == 0.5 and start_prior(16) == MATCH_PRIOR[16]
+    # below, never more hopeful than measured: 1-token matches start at the table's figure
+    assert start_prior(1) == MATCH_PRIOR[1] < 0.5 and start_prior(3) == 0.5 < MATCH_PRIOR[3]
 
 
 def test_each_bundled_target_starts_from_its_own_table_and_others_from_the_lowest(smollm2_path, gemma_path):

@@ -51,8 +51,9 @@ MATCH_PRIOR = {n: min(t[n] for t in MEASURED_PRIORS.values()) for n in next(iter
 _SIZES = sorted(MATCH_PRIOR)
 # Gamma auto learns acceptance per size class within a generation, starting from the target's
 # table, worth PRIOR_WEIGHT drafted tokens, from PRIOR_MIN_MATCH up. Below it a size starts
-# uninformed (0.5): the first token of a short match is right less often than a whole draft needs,
-# and on a short answer a failed draft costs more than the copy can win back.
+# uninformed (0.5), or at the table's figure where that is lower (1- and 2-token matches): the
+# first token of a short match is right less often than a whole draft needs, and on a short
+# answer a failed draft costs more than the copy can win back.
 PRIOR_WEIGHT = 2.0
 PRIOR_MIN_MATCH = 6
 
@@ -75,8 +76,11 @@ def match_prior(size: int, table: dict[int, float] = MATCH_PRIOR) -> float:
 
 def start_prior(size: int, table: dict[int, float] = MATCH_PRIOR) -> float:
     """What gamma auto expects of a copied token before anything was observed at its size: the
-    measured acceptance from PRIOR_MIN_MATCH up, an uninformed 0.5 below."""
-    return match_prior(size, table) if size >= PRIOR_MIN_MATCH else 0.5
+    measured acceptance from PRIOR_MIN_MATCH up; below, an uninformed 0.5 unless the table says
+    less. (At 0.5 every generation tried a 2-token draft at each of the sizes 1-4 once: on the real
+    1.5B's open-ended answers those failed nearly always, docs/gamma_auto.md.)"""
+    measured = match_prior(size, table)
+    return measured if size >= PRIOR_MIN_MATCH else min(0.5, measured)
 
 
 @dataclass(frozen=True)
