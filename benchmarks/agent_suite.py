@@ -80,11 +80,16 @@ def start_server(args: argparse.Namespace, port: int, log: Path) -> subprocess.P
         cmd += ["--threads", str(args.threads)]
     if args.exact:
         cmd.append("--exact")
-    out = log.open("w")
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy())
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT, env=os.environ.copy())
+    return wait_healthy(proc, port, log, args.start_timeout)
+
+
+def wait_healthy(proc: subprocess.Popen, port: int, log: Path, timeout: float) -> subprocess.Popen:
+    """`proc` once its server answers /health on 127.0.0.1:`port`; a clear error if it exits or
+    does not answer within `timeout` seconds."""
     import httpx
 
-    deadline = time.monotonic() + args.start_timeout
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise EdgeSpecError(f"the server exited ({proc.returncode}): {log.read_text()[-2000:]}")
@@ -95,7 +100,7 @@ def start_server(args: argparse.Namespace, port: int, log: Path) -> subprocess.P
             pass
         time.sleep(0.5)
     proc.kill()
-    raise EdgeSpecError(f"the server did not start within {args.start_timeout:.0f} s (log: {log})")
+    raise EdgeSpecError(f"the server did not start within {timeout:.0f} s (log: {log})")
 
 
 def messages(pr: Prompt) -> list[dict]:

@@ -18,12 +18,9 @@ import argparse
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
-
-from benchmarks.agent_suite import free_port, messages
+from benchmarks.agent_suite import free_port, messages, wait_healthy
 from edgespec.runtime.errors import EdgeSpecError
 from edgespec.service.suites import load_suites, shipped_suites
 
@@ -36,18 +33,7 @@ def start(tree: Path, target: str, port: int, log: Path, timeout: float) -> subp
         raise EdgeSpecError(f"{tree} is not a checkout with its .venv (app.py and .venv/bin/python)")
     cmd = [str(python), "app.py", "serve", "--port", str(port), "--target", target, "--draft", "suffix", "--queue", "2"]
     proc = subprocess.Popen(cmd, cwd=tree, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise EdgeSpecError(f"the server of {tree} exited ({proc.returncode}): {log.read_text()[-1000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise EdgeSpecError(f"the server of {tree} did not start within {timeout:.0f} s (log: {log})")
+    return wait_healthy(proc, port, log, timeout)
 
 
 def first_of_each_kind(n: int) -> list:
