@@ -77,7 +77,7 @@ class _ComputeThread:
     ggml's CPU backend runs a pass's threads with OpenMP, and libgomp keeps a team of worker
     threads for every thread that starts parallel work. Once the teams' threads outnumber the
     cores, libgomp cuts each barrier's spin-wait to almost nothing (`gomp_throttled_spin_count_var`
-    when `gomp_managed_threads > gomp_available_cpus`), so the dozens of barriers of every pass sleep
+    when `gomp_managed_threads > gomp_available_cpus`), so the hundreds of barriers of every pass sleep
     and wake in the kernel. A server's worker thread, a UI's generation threads and a main thread
     that decoded once are such threads: on 2 cores (AMD EPYC Zen 4), plain decoding of the 1.5B
     target ran at 21-23 tok/s from a second thread against 29-33 from one (docs/server.md). So
