@@ -37,13 +37,10 @@ def start(tree: Path, target: str, port: int, log: Path, timeout: float) -> subp
 
 
 def first_of_each_kind(n: int) -> list:
-    seen, out = set(), []
-    for pr in load_suites([shipped_suites()["agent"]]):
-        if pr.kind not in seen:
-            seen.add(pr.kind)
-            out.append(pr)
-    rest = [pr for pr in load_suites([shipped_suites()["agent"]]) if pr not in out]
-    return (out + rest)[:n]
+    """The suite's first request of each kind, then the rest in file order; the first `n`."""
+    prompts = load_suites([shipped_suites()["agent"]])
+    lead = list({pr.kind: pr for pr in reversed(prompts)}.values())[::-1]
+    return (lead + [pr for pr in prompts if pr not in lead])[:n]
 
 
 def main(argv: list[str]) -> int:
@@ -61,25 +58,25 @@ def main(argv: list[str]) -> int:
     trees = {"before": Path(args.before).resolve(), "after": Path(args.after).resolve()}
     drafts = [d.strip() for d in args.drafts.split(",") if d.strip()]
     prompts = first_of_each_kind(args.requests)
-    procs, clients = [], {}
+    procs, ports = [], {}
     rates = {(side, d): [] for side in trees for d in drafts}
     try:
         for side, tree in trees.items():
             port = free_port()
             print(f"starting {side}: {tree} on 127.0.0.1:{port}", file=sys.stderr, flush=True)
             procs.append(start(tree, args.target, port, Path(f"/tmp/serve_ab_{side}.log"), args.start_timeout))
-            clients[side] = port
+            ports[side] = port
         print("| repeat | request | drafter | before tok/s | after tok/s | after / before |")
         print("|---|---|---|---|---|---|")
         for r in range(args.repeats):
+            pass_clients = {side: openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=f"serve-ab-{r}",
+                                                max_retries=0, timeout=1800) for side, port in ports.items()}
             for i, pr in enumerate(prompts):
                 for d in drafts:
                     order = list(trees) if (r + i) % 2 == 0 else list(trees)[::-1]
                     got = {}
                     for side in order:
-                        client = openai.OpenAI(base_url=f"http://127.0.0.1:{clients[side]}/v1",
-                                               api_key=f"serve-ab-{r}", max_retries=0, timeout=1800)
-                        resp = client.chat.completions.create(
+                        resp = pass_clients[side].chat.completions.create(
                             model=args.target, messages=messages(pr), max_tokens=pr.max_tokens or 128,
                             temperature=0, extra_body={"draft": d})
                         got[side] = resp.model_extra["timings"]["predicted_per_second"]
