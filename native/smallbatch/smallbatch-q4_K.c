@@ -29,6 +29,10 @@ typedef struct {
 } sb_block_q4_Kx8;
 _Static_assert(sizeof(sb_block_q4_Kx8) == 16 * sizeof(ggml_half) + 8 * K_SCALE_SIZE + 4 * QK_K, "block_q4_Kx8 layout");
 
+// Blocks of eight rows ahead that the weight stream is prefetched (2,304 bytes), as in the Q6_K
+// kernel and for the same reason (smallbatch-q6_K.c): the groups of eight rows of a call are contiguous.
+#define SB_Q4_KX8_PREFETCH 2
+
 // acc + the sums of 4 products of unsigned (a) and signed (b) bytes per 32-bit lane; exact
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define SB_DPBUSD(acc, a, b) _mm256_dpbusd_epi32((acc), (a), (b))
@@ -102,6 +106,9 @@ static inline __attribute__((always_inline)) void sb_q4_Kx8_q8_K(int n, float * 
             acc_min[r] = _mm256_setzero_ps();
         }
         for (int b = 0; b < nb; ++b) {
+            for (int l = 0; l < (int) sizeof(sb_block_q4_Kx8); l += 256) {  // 1,152 bytes
+                GGML_SMALLBATCH_PREFETCH_256((const char *) (w + b + SB_Q4_KX8_PREFETCH) + l);
+            }
             const __m256 d_lanes = _mm256_cvtph_ps(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *) w[b].d), lane_order16));
             const __m256 dmin    = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) w[b].dmin));
             __m256i isum[GGML_SMALLBATCH_MAX_COLS];

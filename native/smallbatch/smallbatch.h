@@ -35,6 +35,18 @@ typedef void (*ggml_smallbatch_dot_t)(int n, float * s, size_t bs, const void * 
 typedef void (*ggml_smallbatch_gemm_t)(int n, float * s, size_t bs, const void * vx, const void * const * vy,
                                        int nr, int nc);
 
+// The four cache lines from p on (the kernels prefetch their weight stream by hand: smallbatch-q6_K.c),
+// for files that include <immintrin.h>. A macro: GCC 12 finds a function of prefetches alone free
+// of side effects and deletes the calls to it that it did not inline early.
+#define GGML_SMALLBATCH_PREFETCH_256(p)            \
+    do {                                           \
+        const char * sb_pf_ = (p);                 \
+        _mm_prefetch(sb_pf_, _MM_HINT_T0);         \
+        _mm_prefetch(sb_pf_ + 64, _MM_HINT_T0);    \
+        _mm_prefetch(sb_pf_ + 128, _MM_HINT_T0);   \
+        _mm_prefetch(sb_pf_ + 192, _MM_HINT_T0);   \
+    } while (0)
+
 // False when GGML_CPU_SMALLBATCH=0 in the environment turns the kernels off (for comparisons).
 bool ggml_smallbatch_enabled(void);
 
