@@ -24,8 +24,16 @@ void quantize_row_q8_K_ref(const float * x, block_q8_K * y, int64_t k);
 void ggml_vec_dot_q6_K_q8_K(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc);
 void ggml_gemv_q4_K_8x8_q8_K(int n, float * s, size_t bs, const void * vx, const void * vy, int nr, int nc);
 
-// the earlier commit's kernels (interface of that commit)
+// the earlier commit's kernels (interface of that commit: build.sh defines SB_OLD_WROWS when its
+// per-row-layout kernel takes several weight rows a call, as this one does)
+#ifdef SB_OLD_WROWS
+typedef ggml_smallbatch_dot_t old_dot_t;
+#define OLD6_ROWS(n, s, bs, x, bx, nw, vy, nc) old6((n), (s), (bs), (x), (bx), (nw), (vy), (nc))
+#else
 typedef void (*old_dot_t)(int n, float * s, const void * vx, const void * const * vy, int nc);
+#define OLD6_ROWS(n, s, bs, x, bx, nw, vy, nc) \
+    for (int w_ = 0; w_ < (nw); ++w_) old6((n), (s) + w_ * (bs), (const char *) (x) + w_ * (bx), (vy), (nc))
+#endif
 old_dot_t old_smallbatch_q6_K(void);
 ggml_smallbatch_gemm_t old_smallbatch_q4_Kx8(void);
 
@@ -190,7 +198,9 @@ int main(int argc, char ** argv) {
                 double t[4][REPEATS];
                 for (int rep = 0; rep < REPEATS; ++rep) {
                     double t0 = now_ns();
-                    for (int r = 0; r < nrows; ++r) old6(n, out, (const char *) w6 + r * row6, vy, nc);
+                    for (int r = 0; r < nrows; r += nwt) {
+                        OLD6_ROWS(n, out, nc_max, (const char *) w6 + r * row6, row6, nwt, vy, nc);
+                    }
                     double t1 = now_ns();
                     for (int r = 0; r < nrows; r += nwt)
                         new6(n, out, nc_max, (const char *) w6 + r * row6, row6, nwt, vy, nc);
