@@ -57,6 +57,10 @@ ggml_smallbatch_dot_t ggml_smallbatch_q6_K(void);
 // Q4_K repacked as block_q4_Kx8 (NULL: none for this instruction set)
 ggml_smallbatch_gemm_t ggml_smallbatch_q4_Kx8(void);
 
+// Q8_K quantization of k values (a multiple of QK_K), ggml-cpu's from_float for Q8_K: the result of
+// quantize_row_q8_K_ref bit for bit, eight values at a time where the build has AVX2 (smallbatch-q8_K.c).
+void ggml_smallbatch_quantize_row_q8_K(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k);
+
 // Whether the small-batch path takes this mat-mul (a type with a kernel, 2..MAX_BATCH src1 rows):
 // the tiled K-quant path (tiled/) then leaves it alone.
 bool ggml_smallbatch_claims(const struct ggml_tensor * dst);

@@ -13,6 +13,7 @@
 #define GGML_COMMON_DECL_C
 #include "ggml-common.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,6 +105,56 @@ static void pack_q4_Kx8(const block_q4_K * rows[8], bench_q4_Kx8 * out, int nb) 
     }
 }
 
+// Q8_K quantization (smallbatch-q8_K.c) against quantize_row_q8_K_ref on rows built to hit its
+// edge cases: the largest |x| twice with both signs, an all-zero block, a NaN, products that land
+// on .5 (ties to even) and next to it, a tiny and a huge scale. Returns the rows that differ.
+static int check_quantize_q8_K(int time_it) {
+    enum { N = 8960, ROWS = 64 };
+    float * x = malloc(sizeof(float) * N);
+    block_q8_K * a = malloc(sizeof(block_q8_K) * (N / QK_K));
+    block_q8_K * b = malloc(sizeof(block_q8_K) * (N / QK_K));
+    int bad = 0;
+    for (int r = 0; r < ROWS; ++r) {
+        for (int i = 0; i < N; ++i) x[i] = frand() * (r % 3 == 0 ? 1e-30f : r % 3 == 1 ? 1.0f : 1e30f);
+        if (r % 4 == 1) {  // ties for the largest |x|: the first one found sets the sign
+            x[7] = 3.0f * (r % 3 == 2 ? 1e30f : 1.0f); x[200] = -x[7]; x[256 + 9] = -x[7]; x[256 + 100] = x[7];
+        }
+        if (r % 4 == 2) {  // codes exactly on and next to .5: iscale = -127/max with max = -127
+            for (int i = 0; i < QK_K; ++i) x[i] = (float) (i % 200) - 99.5f;
+            x[5] = -127.0f;
+            x[QK_K + 3] = 2.5f; x[QK_K + 4] = nextafterf(2.5f, 3.0f); x[QK_K + 5] = -0.0f;
+        }
+        if (r % 8 == 3) memset(x + 2 * QK_K, 0, sizeof(float) * QK_K);  // an all-zero block
+        if (r % 8 == 7) x[3 * QK_K + 17] = NAN;  // the reference skips it when looking for the largest
+        memset(a, 0x5a, sizeof(block_q8_K) * (N / QK_K));
+        memset(b, 0x5a, sizeof(block_q8_K) * (N / QK_K));
+        quantize_row_q8_K_ref(x, a, N);
+        ggml_smallbatch_quantize_row_q8_K(x, b, N);
+        if (memcmp(a, b, sizeof(block_q8_K) * (N / QK_K)) != 0) {
+            printf("check Q8_K quantization row %d: differs from quantize_row_q8_K_ref\n", r);
+            bad++;
+        }
+    }
+    printf("check Q8_K quantization: %d rows, %s\n", ROWS, bad ? "DIFFERENT" : "bit-identical");
+    if (time_it) {  // ns per 256 values, the fastest of 21 repeats
+        double best_ref = 1e30, best_new = 1e30;
+        for (int i = 0; i < N; ++i) x[i] = frand();
+        for (int rep = 0; rep < 21; ++rep) {
+            const double t0 = now_ns();
+            for (int k = 0; k < 16; ++k) quantize_row_q8_K_ref(x, a, N);
+            const double t1 = now_ns();
+            for (int k = 0; k < 16; ++k) ggml_smallbatch_quantize_row_q8_K(x, b, N);
+            const double t2 = now_ns();
+            best_ref = (t1 - t0) < best_ref ? (t1 - t0) : best_ref;
+            best_new = (t2 - t1) < best_new ? (t2 - t1) : best_new;
+        }
+        printf("time Q8_K quantization, ns per 256 values: quantize_row_q8_K_ref %.1f, this %.1f (x%.1f)\n",
+               best_ref / (16.0 * N / QK_K), best_new / (16.0 * N / QK_K), best_ref / best_new);
+    }
+    free(x); free(a); free(b);
+    return bad;
+}
+
 enum { WIDTHS = 2, REPEATS = 21 };
 static const int widths[WIDTHS] = {1536, 8960};
 
@@ -114,6 +165,7 @@ int main(int argc, char ** argv) {
         ggml_table_f32_f16[i] = ggml_fp16_to_fp32((ggml_fp16_t) i);
     }
     const int nc_max = GGML_SMALLBATCH_MAX_COLS;
+    failures += check_quantize_q8_K(!check_only);
 
     for (int wi = 0; wi < WIDTHS; ++wi) {
         const int n = widths[wi];
