@@ -63,3 +63,20 @@ def test_saved_samples_count_and_the_fastest_is_kept(fresh_model):
     samples = {1: [1000.0]}
     got = profiles.measure_pass_costs(fresh_model, [1], repeats=3, samples=samples)
     assert got[1] == min(samples[1][1:]) < 1000.0
+
+
+def test_a_disturbed_measurement_is_measured_again(fresh_model, capsys):
+    """A measurement in which every repeat of one row count stalled (T(1) of 2 s beside passes over
+    more rows of about 10 ms, as a profile measured while a test suite ran read) is not kept: the
+    row counts are measured again from scratch, and what is stored is plausible. The stalled samples
+    are planted as an interrupted measurement's saved ones, which the next measurement resumes from."""
+    model = fresh_model
+    path = profiles.profile_path(model)
+    path.write_text(json.dumps({"pass_s": {}, "partial": {"1": [2.0, 2.0, 2.0], "2": [0.010] * 3,
+                                                           "4": [0.011] * 3, "8": [0.012] * 3}}))
+    prof = profiles.profile(model, ROWS)
+    assert profiles.implausible({1: 2.0, 2: 0.010, 4: 0.011, 8: 0.012}) == (1, 2)
+    assert profiles.implausible(prof.pass_s) is None and prof.pass_s[1] < 1.0
+    assert "implausible (T(2) 10.0 ms below T(1) 2000.0 ms)" in capsys.readouterr().err
+    stored = json.loads(path.read_text())
+    assert {int(k): v for k, v in stored["pass_s"].items()} == prof.pass_s and not stored["partial"]
