@@ -39,7 +39,10 @@ def start(tree: Path, target: str, port: int, log: Path, timeout: float) -> subp
 def first_of_each_kind(n: int) -> list:
     """The suite's first request of each kind, then the rest in file order; the first `n`."""
     prompts = load_suites([shipped_suites()["agent"]])
-    lead = list({pr.kind: pr for pr in reversed(prompts)}.values())[::-1]
+    firsts: dict = {}
+    for pr in prompts:
+        firsts.setdefault(pr.kind, pr)
+    lead = list(firsts.values())
     return (lead + [pr for pr in prompts if pr not in lead])[:n]
 
 
