@@ -76,7 +76,9 @@ def measure_pass_costs(model: Model, rows: Sequence[int], repeats: int = 3, at: 
 
     The fastest of the repeats is kept: these VMs stall a pass now and then (never speed one up),
     and a stall in T(1) alone would make every T(K)/T(1) look flatter than it is, so that gamma auto
-    drafts where it does not pay.
+    drafts where it does not pay. A measurement in which a pass over more rows came out much cheaper
+    than one over fewer (`implausible`: every repeat of one row count stalled) is taken again from
+    scratch, once.
 
     Resuming: `samples` {K: seconds of each timed pass} holds what an interrupted measurement timed
     (kept in the stored profile); it is extended in place after every round over the row counts,
@@ -85,6 +87,19 @@ def measure_pass_costs(model: Model, rows: Sequence[int], repeats: int = 3, at: 
     rows), the saved samples counted as done.
     """
     samples = {} if samples is None else samples
+    got = _time_passes(model, rows, repeats, at, samples, save, progress)
+    bad = implausible(got)
+    if bad is not None:  # every repeat of one row count stalled: once more, from scratch
+        _say_disturbed(model, got, bad, "measuring again")
+        for k in rows:
+            samples[k].clear()
+        got = _time_passes(model, rows, repeats, at, samples, save, progress)
+    return got
+
+
+def _time_passes(model: Model, rows: Sequence[int], repeats: int, at: int, samples: dict[int, list[float]],
+                 save: Callable[[], None] | None, progress: Callable[[float], None] | None) -> dict[int, float]:
+    """measure_pass_costs' timing, resuming from and adding to `samples`."""
     for k in rows:
         samples.setdefault(k, [])
         del samples[k][repeats:]
@@ -246,24 +261,17 @@ def profile(model: Model, rows: Sequence[int] | None = None,
         def part(lo: float, width: float) -> Callable[[float], None] | None:
             return None if progress is None else lambda f: progress(lo + width * f)
 
-        bad = None
-        for attempt in range(2 if missing else 0):  # once more, from scratch, when it came out implausible
-            measured = measure_pass_costs(model, missing, samples=prof.partial,
-                                          save=lambda: prof.write(path, model), progress=part(0.0, share))
+        if missing:
+            prof.pass_s.update(measure_pass_costs(model, missing, samples=prof.partial,
+                                                  save=lambda: prof.write(path, model), progress=part(0.0, share)))
             for k in missing:
                 prof.partial.pop(k, None)
-            merged = {**prof.pass_s, **measured}
-            bad = implausible(merged)
-            if bad is None or attempt:
-                prof.pass_s.update(measured)
-                break
-            _say_disturbed(model, merged, bad, "measuring again")
         if probe:
             prof.max_rows = probe_batch_invariance(model, K_MAX, progress=part(share, 1.0 - share))
-        if bad is not None:  # used by this process only: the next one measures again
+        bad = implausible(prof.pass_s) if missing else None
+        if bad is not None:  # implausible twice (or beside the stored rows): this process only
             _say_disturbed(model, prof.pass_s, bad, "used for this run only, measured again next time")
-            _unstored[path] = prof
-        elif not prof.write(path, model):
+        if bad is not None or not prof.write(path, model):
             _unstored[path] = prof
     _loaded[model] = prof
     return prof
