@@ -253,3 +253,33 @@ def test_drafting_is_cheap_per_step(smollm2):
         cache.add([1, 2, 3], [int(t) for t in rng.integers(100, 3000, size=60)])
     reply = generate(smollm2, SuffixDrafter(cache), QUESTIONS[0], max_tokens=48)
     assert reply.stats.draft_s < reply.stats.target_s
+
+
+def test_the_surer_source_proposes_where_both_propose_the_same_token(smollm2):
+    """The prompt holds 52 -> 7 once (a short context match, wrong here as often as not); an earlier
+    answer goes on 50 51 52 -> 7 8 9 53, and answers have come true at that size: both propose 7, and
+    what follows it (and the confidence gamma auto plans with) is the answer's."""
+    cache = AnswerStore().cache(smollm2, "alice")
+    cache.add([1, 2], [50, 51, 52, 7, 8, 9, 53])
+    cache.score([(CONTEXT, 1, 0, i < 3, ()) for i in range(10)] + [(ANSWERS, 3, 0, True, ())] * 10)
+    d = SuffixDrafter(cache)
+    prompt = [30, 52, 7, 31, 32, 33, 34, 35, 50, 51, 52]
+    d.begin(prompt)
+    hint = d.hint(prompt)
+    assert hint.source == ANSWERS and hint.confidence and hint.confidence[0] > 0.8
+    assert d.propose(prompt, 4).tokens.tolist() == [7, 8, 9, 53]
+
+
+def test_a_context_match_wrong_at_this_place_again_and_again_is_not_proposed(smollm2):
+    """Where the context's proposals keep failing after the same two tokens (a record's value after
+    its key), the context does not propose there; it is still scored, so the place can recover."""
+    cache = AnswerStore().cache(smollm2, "alice")
+    prompt = [40, 41, 60, 61, 42, 43, 44, 40, 41]  # the context proposes 60 61 after 40 41
+    place = (40, 41)
+    cache.score([(CONTEXT, 2, 0, False, place)] * 30)
+    d = SuffixDrafter(cache)
+    d.begin(prompt)
+    assert d.hint(prompt).size == 0 and len(d.propose(prompt, 4)) == 0
+    before = cache.estimate(CONTEXT, 2, place=place)
+    d.commit(prompt + [60], 0)  # the target wrote what the context would have proposed
+    assert cache.estimate(CONTEXT, 2, place=place) > before

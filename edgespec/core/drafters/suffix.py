@@ -13,7 +13,9 @@ Each step looks up two candidates:
 Every committed token scores both candidates of the step before it, drafted or not, so each kind
 keeps a record of how often its proposals come true at each match size, pooled over the owner's
 requests. A step proposes from the context unless the answers' first token is at least
-PREFER_CONTEXT times less likely to miss (or the context has no match). An answers candidate gives gamma auto its per-token
+PREFER_CONTEXT times less likely to miss (or the context has no match, or one whose first token is
+less than UNLIKELY at this place), also where both propose the same first token. An answers
+candidate gives gamma auto its per-token
 confidence (Hint.confidence): r * agree / seen, r the record at the match size that token continues,
 agree of the seen occurrences going on this way (agreement can only lower the record's figure: how
 often a match in earlier answers is continued right depends on the match's size, hardly on how many
@@ -59,6 +61,7 @@ MIN_ANSWER = 4  # shorter answers are not kept (nothing to copy; the server's on
 SEP = -1  # ends each answer in the token array
 PRIOR_W = 2.0  # weight of a record's prior, in observations
 PREFER_CONTEXT = 2.0  # earlier answers propose over the context only when this many times less likely to miss
+UNLIKELY = 0.1  # a context candidate whose first token is estimated less likely than this is not proposed
 SURE = 0.95  # estimates compared no higher: a context at least 0.90 sure is never overruled
 RECORD_DECAY = 0.5 ** (1 / 512)  # per observation of a record: the owner's recent requests weigh most
 DEFAULT_CAP = 1 << 17  # tokens of earlier answers kept in all (~16 MB with the index)
@@ -576,11 +579,15 @@ class SuffixDrafter:
             return plan
         ctx = self._context_candidate(context)
         ans = self._answers_candidate(context)
-        chosen = ctx
+        # A context candidate wrong at this place again and again (a record's value: not in the text)
+        # does not propose; it is still scored, so the place's record can recover.
+        chosen = ctx if ctx is not None and ctx.first >= UNLIKELY else None
         # The context is the text as it is now (the file being edited), earlier answers are history:
         # they propose only where they at least halve the odds of a miss, or the context has nothing.
-        if ans is not None and (ctx is None or (1 - min(ans.first, SURE)) * PREFER_CONTEXT < 1 - min(ctx.first, SURE)
-                                and ans.tokens[0] != ctx.tokens[0]):
+        # That holds where both propose the same next token too: what follows it, and how sure gamma
+        # auto is of it, are the surer source's (an id's digits after a record's key: the prompt holds
+        # them once, a short match, while earlier answers go on from the whole key).
+        if ans is not None and (chosen is None or (1 - min(ans.first, SURE)) * PREFER_CONTEXT < 1 - min(chosen.first, SURE)):
             chosen = ans
         self._plan = Plan(len(context), ctx, ans, chosen)
         return self._plan
