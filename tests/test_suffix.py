@@ -27,6 +27,7 @@ from edgespec.core.drafters.suffix import (
     AnswerStore,
     SuffixDrafter,
     model_id,
+    text_lookup,
 )
 from edgespec.core.engine import Engine, FixedGamma
 from edgespec.core.sampling import SamplingParams
@@ -221,7 +222,7 @@ def test_greedy_output_equals_plain_with_earlier_answers(smollm2):
     for text in [*QUESTIONS, *PROMPTS[:1]]:
         ref = generate(smollm2, None, text)
         for gamma in (1, 4, 8):
-            spec = generate(smollm2, SuffixDrafter(store.cache(smollm2, f"g{gamma}")), text, gamma)
+            spec = generate(smollm2, SuffixDrafter(store.cache(smollm2, f"g{gamma}"), text=text_lookup(smollm2)), text, gamma)
             assert spec.tokens == ref.tokens, f"gamma={gamma} {text[:30]!r}"
             drafted_from_answers += spec.stats.source_accepted.get(ANSWERS, 0)
     assert drafted_from_answers > 0
@@ -237,7 +238,7 @@ def test_seeded_sampling_equals_plain_seeded_sampling(smollm2):
     for text in QUESTIONS:
         ref = generate(smollm2, None, text, sampling=sampling)
         for gamma in (3, 6):
-            spec = generate(smollm2, SuffixDrafter(cache), text, gamma, sampling=sampling)
+            spec = generate(smollm2, SuffixDrafter(cache, text=text_lookup(smollm2)), text, gamma, sampling=sampling)
             assert spec.tokens == ref.tokens, (gamma, text)
             from_answers += spec.stats.source_accepted.get(ANSWERS, 0)
     assert from_answers > 0
@@ -251,7 +252,7 @@ def test_drafting_is_cheap_per_step(smollm2):
     rng = np.random.default_rng(1)
     for _ in range(1000):
         cache.add([1, 2, 3], [int(t) for t in rng.integers(100, 3000, size=60)])
-    reply = generate(smollm2, SuffixDrafter(cache), QUESTIONS[0], max_tokens=48)
+    reply = generate(smollm2, SuffixDrafter(cache, text=text_lookup(smollm2)), QUESTIONS[0], max_tokens=48)
     assert reply.stats.draft_s < reply.stats.target_s
 
 
@@ -283,3 +284,20 @@ def test_a_context_match_wrong_at_this_place_again_and_again_is_not_proposed(smo
     before = cache.estimate(CONTEXT, 2, place=place)
     d.commit(prompt + [60], 0)  # the target wrote what the context would have proposed
     assert cache.estimate(CONTEXT, 2, place=place) > before
+
+
+def test_a_copy_tokenized_otherwise_is_found_by_its_characters(smollm2):
+    """A name copied into a JSON string after a quote is tokenized otherwise than in the prompt: no
+    token n-gram matches the reply's end, the characters do, and what followed them is proposed in
+    the model's tokens."""
+    prompt = smollm2.tokenize("Ticket 48252\nFrom: Samuel Okafor <s.okafor@example.com>\nMy order is late.\n\n",
+                              add_special=False)
+    reply = smollm2.tokenize('{"customer": "Samu', add_special=False)
+    context = prompt + reply
+    d = SuffixDrafter(None, text=text_lookup(smollm2))
+    d.begin(prompt)
+    assert d.context.match_size(context) <= 2
+    hint = d.hint(context)
+    assert hint.source == CONTEXT and hint.confidence  # proposed with the record's confidence
+    proposal = smollm2.detokenize(d.propose(context, 8).tokens.tolist())
+    assert proposal and "el Okafor <s.okafor@example.com>".startswith(proposal), proposal

@@ -3,9 +3,12 @@ committed output), plus a bounded cache of this model's earlier answers to the s
 continuation is scored by how often it followed the matched text (SuffixDecoding, Oliaro et al.
 2024, as in vLLM's Arctic Inference; llama.cpp's ngram-cache keeps a dynamic cache of the same kind).
 
-Each step looks up two candidates:
+Each step looks up these candidates:
   context  the longest recurring n-gram of prompt + output and what followed its latest occurrence
-           (`NgramDrafter`, unchanged: with no earlier answers this drafter proposes what n-gram does);
+           (`NgramDrafter`, unchanged); where that match is 2 tokens or less (or none), also the
+           longest end of the text in bytes (4 to 32) that occurs earlier, and what followed it,
+           tokenized (`TextLookup`: a copy the reply tokenizes otherwise, such as a name after a
+           quote); it proposes, as 'context', where its estimate beats the token match's;
   answers  the longest suffix of the context (up to 32 tokens) found in earlier answers, continued
            token by token with what most of its occurrences went on with; or, while the text
            follows one earlier answer (a record with the same keys, a repeated edit block), with that
@@ -14,9 +17,8 @@ Every committed token scores both candidates of the step before it, drafted or n
 keeps a record of how often its proposals come true at each match size, pooled over the owner's
 requests. A step proposes from the context unless the answers' first token is at least
 PREFER_CONTEXT times less likely to miss (or the context has no match, or one whose first token is
-less than UNLIKELY at this place), also where both propose the same first token. An answers
-candidate gives gamma auto its per-token
-confidence (Hint.confidence): r * agree / seen, r the record at the match size that token continues,
+less than UNLIKELY at this place), also where both propose the same first token. An answers or
+text candidate gives gamma auto its per-token confidence (Hint.confidence); for answers: r * agree / seen, r the record at the match size that token continues,
 agree of the seen occurrences going on this way (agreement can only lower the record's figure: how
 often a match in earlier answers is continued right depends on the match's size, hardly on how many
 occurrences agree; docs/suffix_drafter.md has the measurement).
@@ -35,7 +37,7 @@ import json
 import os
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +51,7 @@ from edgespec.runtime.errors import EdgeSpecError
 from edgespec.runtime.llama import Model
 
 CONTEXT, ANSWERS = "context", "answers"  # Draft.source / Hint.source: token provenance shows them
+TEXT = "text"  # record kind of a context candidate found by characters (proposed as CONTEXT)
 ALIGNED = "aligned"  # record kinds of an answers candidate that follows one earlier answer (+ skip class)
 SIZES = ngram_sizes(1, 32)  # match sizes looked up in earlier answers: 1, 2, 3, 4, 6, 8, ..., 24, 32
 WALK_MAX = 32  # longest candidate (tokens) from earlier answers
@@ -62,6 +65,10 @@ SEP = -1  # ends each answer in the token array
 PRIOR_W = 2.0  # weight of a record's prior, in observations
 PREFER_CONTEXT = 2.0  # earlier answers propose over the context only when this many times less likely to miss
 UNLIKELY = 0.1  # a context candidate whose first token is estimated less likely than this is not proposed
+TEXT_CHARS = (4, 32)  # shortest and longest end of the text (bytes) looked up by characters
+TEXT_UNDER = 2  # context token matches up to this size are looked up by characters too
+BYTES_PER_TOKEN = 4  # a match of 4n bytes is kept with n-token matches (records, priors)
+TEXT_SPAN = 64  # bytes of what followed it that are tokenized into a proposal
 SURE = 0.95  # estimates compared no higher: a context at least 0.90 sure is never overruled
 RECORD_DECAY = 0.5 ** (1 / 512)  # per observation of a record: the owner's recent requests weigh most
 DEFAULT_CAP = 1 << 17  # tokens of earlier answers kept in all (~16 MB with the index)
@@ -510,14 +517,61 @@ class Plan:
     context: Candidate | None
     answers: Candidate | None
     chosen: Candidate | None
+    text: Candidate | None = None
+
+
+class TextLookup:
+    """The context as bytes, to find a copy whose tokens differ from the text's own: a value copied
+    into a JSON string after a quote ('"Sam' 'uel' where the prompt has ' Samuel'), which no token
+    n-gram matches. The longest end of the text (TEXT_CHARS bytes) that occurs earlier is found, and
+    the bytes after its latest occurrence are tokenized as the proposal (its last token dropped: it
+    may be cut short)."""
+
+    def __init__(self, piece: Callable[[int], bytes], tokenize: Callable[[str], list[int]]) -> None:
+        self.piece = piece
+        self.tokenize = tokenize
+        self._bytes = bytearray()
+        self._tokens = 0
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        self._bytes, self._tokens = bytearray(), 0
+        self._extend(prompt)
+
+    def _extend(self, context: Sequence[int]) -> None:
+        for t in context[self._tokens :]:
+            self._bytes += self.piece(int(t))
+        self._tokens = len(context)
+
+    def lookup(self, context: Sequence[int]) -> tuple[int, list[int]]:
+        """(bytes matched, proposed tokens) for `context`; (0, []) when nothing matches."""
+        self._extend(context)
+        b = self._bytes
+        n = len(b)
+        lo, hi = TEXT_CHARS[0], min(TEXT_CHARS[1], n - 1)
+        # where an end of `size` bytes occurs earlier, every shorter end does: search the size in halves
+        found = (0, -1)
+        while lo <= hi:
+            size = (lo + hi) // 2
+            at = b.rfind(b[n - size :], 0, n - 1)  # an occurrence that ends before the text does
+            if at >= 0:
+                found, lo = (size, at), size + 1
+            else:
+                hi = size - 1
+        size, at = found
+        follow = bytes(b[at + size : at + size + TEXT_SPAN]) if size else b""
+        if not follow or follow[0] & 0xC0 == 0x80:  # nothing after it, or inside a character
+            return 0, []
+        return size, self.tokenize(follow.decode("utf-8", "ignore"))[:-1]
 
 
 class SuffixDrafter:
     name = "suffix"
     needs_hidden = False
 
-    def __init__(self, cache: AnswerCache | None, n_min: int = NGRAM_SIZES[0], n_max: int = NGRAM_SIZES[1]) -> None:
+    def __init__(self, cache: AnswerCache | None, n_min: int = NGRAM_SIZES[0], n_max: int = NGRAM_SIZES[1],
+                 text: TextLookup | None = None) -> None:
         self.context = NgramDrafter(n_min, n_max)
+        self.text = text
         self.cache = cache
         self._index = AnswerIndex.empty()
         self._plan: Plan | None = None
@@ -528,6 +582,8 @@ class SuffixDrafter:
 
     def begin(self, prompt: Sequence[int], sampling: SamplingParams | None = None) -> None:
         self.context.begin(prompt, sampling)
+        if self.text is not None:
+            self.text.begin(prompt)
         self._index = self.cache.view() if self.cache is not None else AnswerIndex.empty()
         self._plan, self._follow, self._committed, self._run = None, None, None, 0
         self._prompt = [int(t) for t in prompt]
@@ -546,6 +602,15 @@ class SuffixDrafter:
         toks = self.context.propose(context, WALK_MAX).tokens.tolist()
         place = _place(context)
         return Candidate(CONTEXT, CONTEXT, n, toks, self._estimate(CONTEXT, n, place=place), place=place)
+
+    def _text_candidate(self, context: Sequence[int]) -> Candidate | None:
+        matched, toks = self.text.lookup(context) if self.text is not None else (0, [])
+        if not toks:
+            return None
+        size = matched // BYTES_PER_TOKEN  # kept with token matches of about as much text
+        place = _place(context)
+        conf = tuple(self._estimate(TEXT, size, 1.0, j > 0, place) for j in range(len(toks)))
+        return Candidate(CONTEXT, TEXT, size, toks, conf[0], conf, place=place)
 
     def _answers_candidate(self, context: Sequence[int]) -> Candidate | None:
         idx = self._index
@@ -582,6 +647,10 @@ class SuffixDrafter:
         # A context candidate wrong at this place again and again (a record's value: not in the text)
         # does not propose; it is still scored, so the place's record can recover.
         chosen = ctx if ctx is not None and ctx.first >= UNLIKELY else None
+        # Where the tokens match little, the characters may match more (a copy tokenized otherwise).
+        txt = self._text_candidate(context) if chosen is None or chosen.size <= TEXT_UNDER else None
+        if txt is not None and (chosen is None or txt.first > chosen.first):
+            chosen = txt
         # The context is the text as it is now (the file being edited), earlier answers are history:
         # they propose only where they at least halve the odds of a miss, or the context has nothing.
         # That holds where both propose the same next token too: what follows it, and how sure gamma
@@ -589,7 +658,7 @@ class SuffixDrafter:
         # them once, a short match, while earlier answers go on from the whole key).
         if ans is not None and (chosen is None or (1 - min(ans.first, SURE)) * PREFER_CONTEXT < 1 - min(chosen.first, SURE)):
             chosen = ans
-        self._plan = Plan(len(context), ctx, ans, chosen)
+        self._plan = Plan(len(context), ctx, ans, chosen, txt)
         return self._plan
 
     # ------------------------------------------------------------------ the protocol
@@ -597,17 +666,19 @@ class SuffixDrafter:
         c = self._step(context).chosen
         if c is None:
             return Hint.nothing(CONTEXT)
-        if c.source == CONTEXT:  # as the n-gram drafter hints: gamma auto's measured table per size
+        if c.kind == CONTEXT:  # as the n-gram drafter hints: gamma auto's measured table per size
             return Hint(c.size, CONTEXT, copies=True)
+        if c.kind == TEXT:
+            return Hint(c.size, CONTEXT, copies=True, confidence=c.confidence)
         return Hint(c.size, ANSWERS, copies=True, confidence=c.confidence)
 
     def propose(self, context: Sequence[int], gamma: int) -> Draft:
         c = self._step(context).chosen
         if c is None or gamma <= 0:
             return Draft()
-        if c.source == CONTEXT:
+        if c.kind == CONTEXT:
             return Draft(self.context.propose(context, gamma).tokens, None, CONTEXT)
-        return Draft(np.asarray(c.tokens[:gamma], dtype=np.int32), None, ANSWERS)
+        return Draft(np.asarray(c.tokens[:gamma], dtype=np.int32), None, c.source)
 
     def commit(self, context: Sequence[int], n_accepted: int) -> None:
         self.context.commit(context, n_accepted)
@@ -617,11 +688,12 @@ class SuffixDrafter:
             return
         new = context[plan.length :]
         outcomes: list[tuple[str, int, int, bool]] = []
-        for cand in (plan.context, plan.answers):
+        for cand in (plan.context, plan.text, plan.answers):
             if cand is not None:
                 agreed = _agreed(cand.tokens, new)
+                grows = cand.kind != TEXT  # a token match grows by a token per token; bytes matched stay
                 # the tokens that came true, then the first that did not (if one was committed)
-                outcomes += [(cand.kind, cand.size + j, j, j < agreed, cand.place)
+                outcomes += [(cand.kind, cand.size + j * grows, j, j < agreed, cand.place)
                              for j in range(min(agreed + 1, len(new), len(cand.tokens)))]
         ans = plan.answers
         if ans is not None:  # follow that answer from the last place the text agreed with it
@@ -665,4 +737,9 @@ def _agreed(tokens: Sequence[int], new: Sequence[int]) -> int:
 
 @register("suffix", "the context's n-gram copy plus this user's earlier answers, frequency-scored (SuffixDecoding)")
 def _build(ctx: DraftContext) -> SuffixDrafter:
-    return SuffixDrafter(STORE.cache(ctx.target, ctx.owner), *ctx.ngram)
+    return SuffixDrafter(STORE.cache(ctx.target, ctx.owner), *ctx.ngram, text=text_lookup(ctx.target))
+
+
+def text_lookup(target: Model) -> TextLookup:
+    """A TextLookup in `target`'s tokens."""
+    return TextLookup(target.token_bytes, lambda t: target.tokenize(t, add_special=False))
