@@ -21,6 +21,7 @@ from edgespec.core.drafters.suffix import (
     ANSWERS,
     CONTEXT,
     LEAD,
+    MISS_STREAK,
     MAX_OCC,
     SIZES,
     AnswerIndex,
@@ -301,3 +302,27 @@ def test_a_copy_tokenized_otherwise_is_found_by_its_characters(smollm2):
     assert hint.source == CONTEXT and hint.confidence  # proposed with the record's confidence
     proposal = smollm2.detokenize(d.propose(context, 8).tokens.tolist())
     assert proposal and "el Okafor <s.okafor@example.com>".startswith(proposal), proposal
+
+
+def test_earlier_answers_wait_after_missing_again_and_again_in_a_generation(smollm2):
+    """Free text that an earlier answer began like (an explanation) parts from it at once: after
+    MISS_STREAK answers candidates in a row whose first token did not come true, earlier answers stop
+    proposing in this generation until one comes true again (they are still looked up and scored)."""
+    cache = AnswerStore().cache(smollm2, "alice")
+    cache.add([1, 2], [50, 51, 52, 53, 54, 55, 56, 57])
+    # earlier answers, matched fresh or followed, have come true so far
+    cache.score([(kind, size, 0, True, ()) for kind in (ANSWERS, "aligned0", "aligned1", "aligned2")
+                 for size in (1, 2, 3, 4)] * 40)
+    d = SuffixDrafter(cache)
+    context = [30, 31, 32, 50]
+    d.begin(context)
+    for miss in range(MISS_STREAK):
+        assert d.hint(context).source == ANSWERS, miss
+        context = context + [90 + miss, 50]  # the text went on otherwise, then reached 50 again
+        d.commit(context[:-1], 0)
+        d.commit(context, 0)
+    assert d.hint(context).source != ANSWERS
+    assert cache.estimate("aligned0", 1) > 0.8  # by the record answers would still propose: the streak stops them
+    d.commit(context + [51], 0)  # the answer's next token came true: answers propose again
+    context = context + [51]
+    assert d.hint(context).source == ANSWERS

@@ -17,7 +17,8 @@ Every committed token scores both candidates of the step before it, drafted or n
 keeps a record of how often its proposals come true at each match size, pooled over the owner's
 requests. A step proposes from the context unless the answers' first token is at least
 PREFER_CONTEXT times less likely to miss (or the context has no match, or one whose first token is
-less than UNLIKELY at this place), also where both propose the same first token. An answers or
+less than UNLIKELY at this place), also where both propose the same first token; after MISS_STREAK
+answers candidates in a row that missed, answers wait for one to come true. An answers or
 text candidate gives gamma auto its per-token confidence (Hint.confidence); for answers: r * agree / seen, r the record at the match size that token continues,
 agree of the seen occurrences going on this way (agreement can only lower the record's figure: how
 often a match in earlier answers is continued right depends on the match's size, hardly on how many
@@ -69,6 +70,7 @@ TEXT_CHARS = (4, 32)  # shortest and longest end of the text (bytes) looked up b
 TEXT_UNDER = 2  # context token matches up to this size are looked up by characters too
 BYTES_PER_TOKEN = 4  # a match of 4n bytes is kept with n-token matches (records, priors)
 TEXT_SPAN = 64  # bytes of what followed it that are tokenized into a proposal
+MISS_STREAK = 3  # answers candidates whose first token failed in a row, after which answers wait for a hit
 SURE = 0.95  # estimates compared no higher: a context at least 0.90 sure is never overruled
 RECORD_DECAY = 0.5 ** (1 / 512)  # per observation of a record: the owner's recent requests weigh most
 DEFAULT_CAP = 1 << 17  # tokens of earlier answers kept in all (~16 MB with the index)
@@ -577,6 +579,7 @@ class SuffixDrafter:
         self._plan: Plan | None = None
         self._follow: int | None = None  # position in the index of the last token the text agreed with
         self._run = 0  # tokens the text agreed with the followed answer in a row, up to there
+        self._misses = 0  # answers candidates in a row whose first token did not come true (this generation)
         self._committed: Sequence[int] | None = None  # the engine's context, for the answer at the end
         self._prompt: list[int] = []
 
@@ -585,7 +588,7 @@ class SuffixDrafter:
         if self.text is not None:
             self.text.begin(prompt)
         self._index = self.cache.view() if self.cache is not None else AnswerIndex.empty()
-        self._plan, self._follow, self._committed, self._run = None, None, None, 0
+        self._plan, self._follow, self._committed, self._run, self._misses = None, None, None, 0, 0
         self._prompt = [int(t) for t in prompt]
 
     # ------------------------------------------------------------------ the two candidates
@@ -656,7 +659,7 @@ class SuffixDrafter:
         # That holds where both propose the same next token too: what follows it, and how sure gamma
         # auto is of it, are the surer source's (an id's digits after a record's key: the prompt holds
         # them once, a short match, while earlier answers go on from the whole key).
-        if ans is not None and (chosen is None or (1 - min(ans.first, SURE)) * PREFER_CONTEXT < 1 - min(chosen.first, SURE)):
+        if ans is not None and self._misses < MISS_STREAK and (chosen is None or (1 - min(ans.first, SURE)) * PREFER_CONTEXT < 1 - min(chosen.first, SURE)):
             chosen = ans
         self._plan = Plan(len(context), ctx, ans, chosen, txt)
         return self._plan
@@ -698,6 +701,7 @@ class SuffixDrafter:
         ans = plan.answers
         if ans is not None:  # follow that answer from the last place the text agreed with it
             agreed = _agreed(ans.tokens, new)
+            self._misses = 0 if agreed else self._misses + 1
             if agreed:
                 if ans.kind == ALIGNED + "0":
                     self._run += agreed
