@@ -223,7 +223,8 @@ def test_greedy_output_equals_plain_with_earlier_answers(smollm2):
     for text in [*QUESTIONS, *PROMPTS[:1]]:
         ref = generate(smollm2, None, text)
         for gamma in (1, 4, 8):
-            spec = generate(smollm2, SuffixDrafter(store.cache(smollm2, f"g{gamma}"), text=text_lookup(smollm2)), text, gamma)
+            drafter = SuffixDrafter(store.cache(smollm2, f"g{gamma}"), text=text_lookup(smollm2))
+            spec = generate(smollm2, drafter, text, gamma)
             assert spec.tokens == ref.tokens, f"gamma={gamma} {text[:30]!r}"
             drafted_from_answers += spec.stats.source_accepted.get(ANSWERS, 0)
     assert drafted_from_answers > 0

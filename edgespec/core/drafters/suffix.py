@@ -18,11 +18,12 @@ keeps a record of how often its proposals come true at each match size, pooled o
 requests. A step proposes from the context unless the answers' first token is at least
 PREFER_CONTEXT times less likely to miss (or the context has no match, or one whose first token is
 less than UNLIKELY at this place), also where both propose the same first token; after MISS_STREAK
-answers candidates in a row that missed, answers wait for one to come true. An answers or
-text candidate gives gamma auto its per-token confidence (Hint.confidence); for answers: r * agree / seen, r the record at the match size that token continues,
-agree of the seen occurrences going on this way (agreement can only lower the record's figure: how
-often a match in earlier answers is continued right depends on the match's size, hardly on how many
-occurrences agree; docs/suffix_drafter.md has the measurement).
+answers candidates in a row that missed, answers wait for one to come true. An answers or text
+candidate gives gamma auto its per-token confidence (Hint.confidence); for answers r * agree / seen,
+r the record at the match size that token continues, agree of the seen occurrences going on this way
+(agreement can only lower the record's figure: how often a match in earlier answers is continued
+right depends on the match's size, hardly on how many occurrences agree; docs/suffix_drafter.md has
+the measurement).
 
 Memory is bounded: the answers of every owner together hold at most `cap` tokens (the oldest answer is
 evicted first), ~120 bytes a token with the index. They may persist under EDGESPEC_CACHE/answers,
@@ -591,7 +592,7 @@ class SuffixDrafter:
         self._plan, self._follow, self._committed, self._run, self._misses = None, None, None, 0, 0
         self._prompt = [int(t) for t in prompt]
 
-    # ------------------------------------------------------------------ the two candidates
+    # ------------------------------------------------------------------ the candidates
     def _estimate(self, kind: str, size: int, share: float = 1.0, chain: bool = False, place: tuple = ()) -> float:
         if self.cache is None:
             return _estimate(None, _size_class(size)) * share
@@ -659,7 +660,8 @@ class SuffixDrafter:
         # That holds where both propose the same next token too: what follows it, and how sure gamma
         # auto is of it, are the surer source's (an id's digits after a record's key: the prompt holds
         # them once, a short match, while earlier answers go on from the whole key).
-        if ans is not None and self._misses < MISS_STREAK and (chosen is None or (1 - min(ans.first, SURE)) * PREFER_CONTEXT < 1 - min(chosen.first, SURE)):
+        if ans is not None and self._misses < MISS_STREAK and (
+                chosen is None or (1 - min(ans.first, SURE)) * PREFER_CONTEXT < 1 - min(chosen.first, SURE)):
             chosen = ans
         self._plan = Plan(len(context), ctx, ans, chosen, txt)
         return self._plan
