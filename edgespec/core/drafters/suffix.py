@@ -613,8 +613,9 @@ class SuffixDrafter:
             return None
         size = matched // BYTES_PER_TOKEN  # kept with token matches of about as much text
         place = _place(context)
-        conf = tuple(self._estimate(TEXT, size, 1.0, j > 0, place) for j in range(len(toks)))
-        return Candidate(CONTEXT, TEXT, size, toks, conf[0], conf, place=place)
+        # the match does not grow along the copy: every token after the first has the same estimate
+        first, chained = self._estimate(TEXT, size, place=place), self._estimate(TEXT, size, chain=True)
+        return Candidate(CONTEXT, TEXT, size, toks, first, (first,) + (chained,) * (len(toks) - 1), place=place)
 
     def _answers_candidate(self, context: Sequence[int]) -> Candidate | None:
         idx = self._index
@@ -673,9 +674,7 @@ class SuffixDrafter:
             return Hint.nothing(CONTEXT)
         if c.kind == CONTEXT:  # as the n-gram drafter hints: gamma auto's measured table per size
             return Hint(c.size, CONTEXT, copies=True)
-        if c.kind == TEXT:
-            return Hint(c.size, CONTEXT, copies=True, confidence=c.confidence)
-        return Hint(c.size, ANSWERS, copies=True, confidence=c.confidence)
+        return Hint(c.size, c.source, copies=True, confidence=c.confidence)  # answers, or text (as context)
 
     def propose(self, context: Sequence[int], gamma: int) -> Draft:
         c = self._step(context).chosen
