@@ -10,11 +10,11 @@ Drafters live in a store (`store_dir`) where `--draft learned:NAME` finds them b
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from edgespec.models.gguf_tensors import FINGERPRINT_KEYS, target_fingerprint
+from edgespec.runtime import env
 from edgespec.runtime.errors import EdgeSpecError
 
 FORMAT = "edgespec-learned-drafter"
@@ -35,7 +35,7 @@ MAKE_ONE = "make one with: python app.py distill"
 
 def store_dir() -> Path:
     """Where `distill` puts drafters by default and where `--draft learned:NAME` finds them."""
-    return Path(os.environ.get("EDGESPEC_DRAFTER_STORE") or Path.home() / ".cache" / "edgespec" / "drafters")
+    return env.path("EDGESPEC_DRAFTER_STORE") or env.cache_dir() / "drafters"
 
 
 def resolve(spec: str) -> Path:

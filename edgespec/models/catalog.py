@@ -10,11 +10,11 @@ from __future__ import annotations
 import copy
 import difflib
 import json
-import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from edgespec.runtime import env
 from edgespec.runtime.errors import EdgeSpecError
 
 HF_PREFIX = "hf:"  # names a Hugging Face Hub repository: hf:ORG/REPO[:FILE]
@@ -36,8 +36,8 @@ def _read(path: Path) -> dict[str, Any]:
 
 def _files() -> list[Path]:
     """The catalog files read: the built-in one, then EDGESPEC_CATALOG's."""
-    extra = os.environ.get("EDGESPEC_CATALOG")
-    return [CATALOG_PATH] + ([Path(extra).expanduser()] if extra else [])
+    extra = env.path("EDGESPEC_CATALOG")
+    return [CATALOG_PATH] + ([extra] if extra else [])
 
 
 @lru_cache(maxsize=1)

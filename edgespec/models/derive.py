@@ -10,10 +10,11 @@ import os
 from pathlib import Path
 
 from edgespec.models.bundled import bundled_path
+from edgespec.runtime import env
 from edgespec.runtime import llama as runtime
 from edgespec.runtime.errors import EdgeSpecError
 
-DERIVED_DIR = Path(os.environ.get("EDGESPEC_CACHE", Path.home() / ".cache" / "edgespec")) / "derived"
+DERIVED_DIR = env.cache_dir() / "derived"
 DERIVED_TARGET_NAME = "SmolLM2-135M-Instruct.Q8_0-from-Q4_1.gguf"
 FTYPES = {"q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "f16": "LLAMA_FTYPE_MOSTLY_F16"}
 

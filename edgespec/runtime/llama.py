@@ -26,7 +26,7 @@ from typing import Literal
 
 import numpy as np
 
-from edgespec.runtime import backend
+from edgespec.runtime import backend, env
 from edgespec.runtime.chat_template import render_chat_template
 from edgespec.runtime.errors import EdgeSpecError
 
@@ -145,8 +145,7 @@ def resolve_flash_attn(flash_attn: FlashAttn, remote: bool = False) -> FlashAttn
     """'auto' is 'off' where every layer runs on this machine's CPU: llama.cpp's CPU flash-attention
     path made verification passes slower at every row count measured (docs/kernels.md); on GPU or
     RPC devices llama.cpp decides. 'on' and 'off' are kept."""
-    if flash_attn == "auto" and not remote and not backend_info().others and not int(
-            os.environ.get("EDGESPEC_GPU_LAYERS", "0")):
+    if flash_attn == "auto" and not remote and not backend_info().others and not env.gpu_layers():
         return "off"
     return flash_attn
 
@@ -305,7 +304,7 @@ class Model:
         """Load the GGUF file into `_model` (and its vocabulary): on this machine's CPU unless
         EDGESPEC_GPU_LAYERS says otherwise, or every layer on `devices`. Ctrl-C aborts the load."""
         mparams = llama.llama_model_default_params()
-        mparams.n_gpu_layers = int(os.environ.get("EDGESPEC_GPU_LAYERS", "0"))
+        mparams.n_gpu_layers = env.gpu_layers()
         # Repacked (interleaved) weight layouts use other kernels; exact mode turns them off.
         mparams.use_extra_bufts = repack
         if devices:  # ggml_backend_dev_t handles (RPC servers): every layer goes to them

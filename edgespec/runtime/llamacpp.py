@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgespec.runtime import firstrun
+from edgespec.runtime import env, firstrun
 from edgespec.runtime.errors import EdgeSpecError
 from edgespec.runtime.llama import Model
 
@@ -73,8 +73,8 @@ def draft_settings(spec_type: str) -> list[str]:
 
 def default_binary() -> Path:
     """Where build_reference.sh puts the program for the installed llama-cpp-python build."""
-    if os.environ.get("EDGESPEC_LLAMA_SPECULATIVE"):
-        return Path(os.environ["EDGESPEC_LLAMA_SPECULATIVE"])
+    if (given := env.path("EDGESPEC_LLAMA_SPECULATIVE")) is not None:
+        return given
     try:  # the set-up writes the build key into the virtual environment it installed into
         key = (Path(sys.prefix) / ".llama-build-key").read_text().strip()
     except OSError:

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgespec.runtime import env
 from edgespec.runtime import llama as runtime
 from edgespec.runtime.exactness import PROBE_TEXT, probe_batch_invariance
 from edgespec.runtime.llama import Model
@@ -54,12 +55,9 @@ PROFILE_VERSION = 4  # how profiles are measured; stored profiles of other versi
 PLAUSIBLE = 0.7
 
 
-
 def profile_dir() -> Path:
     """EDGESPEC_PROFILES, else EDGESPEC_CACHE/profiles, else ~/.cache/edgespec/profiles."""
-    if os.environ.get("EDGESPEC_PROFILES"):
-        return Path(os.environ["EDGESPEC_PROFILES"])
-    return Path(os.environ.get("EDGESPEC_CACHE", Path.home() / ".cache" / "edgespec")) / "profiles"
+    return env.path("EDGESPEC_PROFILES") or env.cache_dir() / "profiles"
 
 
 def measure_pass_costs(model: Model, rows: Sequence[int], repeats: int = 3, at: int = CONTEXT_AT,
@@ -161,7 +159,7 @@ def _key(model: Model) -> str:
     parts = [
         os.path.realpath(model.path), st.st_size, st.st_mtime_ns,
         model.n_threads, model.flash_attn, model.repack,
-        getattr(runtime.lib(), "__version__", ""), be.mode, be.variant, be.module, be.cpu.signature,
+        getattr(runtime.lib(), "__version__", ""), be.mode, be.variant, be.module, be.kernels, be.cpu.signature,
         sorted(os.sched_getaffinity(0)), PROFILE_VERSION, CONTEXT_AT,
     ]
     if model.rpc_servers:  # the passes run there: T(K) includes the network round trips
@@ -185,7 +183,7 @@ class Profile:
 
     @classmethod
     def read(cls, path: Path) -> Profile | None:
-        if os.environ.get("EDGESPEC_RECALIBRATE") == "1":
+        if env.recalibrate():
             return None
         try:
             data = json.loads(path.read_text())

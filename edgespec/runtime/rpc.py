@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgespec.runtime import backend
+from edgespec.runtime import backend, env
 from edgespec.runtime import llama as runtime
 from edgespec.runtime.errors import EdgeSpecError, one_line, run_command
 from edgespec.runtime.llama import FlashAttn, Model, ModelInfo
@@ -52,14 +52,7 @@ DEFAULT_TIMEOUT_S = 60.0  # one pass of at most n_batch tokens, or a pause in lo
 
 def timeout_s() -> float:
     """Seconds a remote pass (or a pause while loading) may take: EDGESPEC_RPC_TIMEOUT, default 60."""
-    raw = os.environ.get("EDGESPEC_RPC_TIMEOUT", "")
-    try:
-        value = float(raw) if raw else DEFAULT_TIMEOUT_S
-    except ValueError:
-        raise EdgeSpecError(f"EDGESPEC_RPC_TIMEOUT must be a number of seconds, got {raw!r}") from None
-    if not value > 0:
-        raise EdgeSpecError(f"EDGESPEC_RPC_TIMEOUT must be positive, got {raw!r}")
-    return value
+    return env.number("EDGESPEC_RPC_TIMEOUT", DEFAULT_TIMEOUT_S)
 
 
 def check_endpoints(endpoints: Sequence[str]) -> None:

@@ -4,7 +4,6 @@ serving until a signal, after which every open stream ends with its final chunk 
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import socket
 import sys
@@ -24,6 +23,7 @@ from edgespec.apps.args import (
 )
 from edgespec.apps.server.http import Server, create_app
 from edgespec.apps.server.worker import ModelSlot
+from edgespec.runtime import env
 from edgespec.runtime.errors import EdgeSpecError
 from edgespec.service.pool import ModelPool
 
@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; any other "
                     "address needs --api-key)")
     ap.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
-    ap.add_argument("--api-key", default=os.environ.get("EDGESPEC_API_KEY") or None,
+    ap.add_argument("--api-key", default=env.text("EDGESPEC_API_KEY"),
                     help="require 'Authorization: Bearer KEY' on /v1 requests (default: $EDGESPEC_API_KEY)")
     ap.add_argument("--queue", type=int, default=DEFAULT_QUEUE,
                     help=f"requests that may wait while one generates; more get 429 (default {DEFAULT_QUEUE})")

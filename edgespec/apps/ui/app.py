@@ -1,7 +1,6 @@
 """The Gradio app: Chat, Race, Models and Bench tabs over one shared pool of loaded models."""
 
 import argparse
-import os
 import time
 from collections.abc import Callable
 
@@ -15,6 +14,7 @@ from edgespec.apps.ui.race import build_race_tab
 from edgespec.apps.ui.render import CSS
 from edgespec.core import drafters
 from edgespec.models.loader import RuntimeOptions
+from edgespec.runtime import env
 from edgespec.service.pool import ModelPool
 
 TITLE = "EdgeSpec: speculative generation on this machine"
@@ -87,7 +87,7 @@ def launch(args: argparse.Namespace) -> int:
     from edgespec.service.session import parse_gamma
 
     # the same rule as `serve`: beyond loopback only with a key (here the login password)
-    key = args.api_key if args.api_key is not None else os.environ.get("EDGESPEC_API_KEY") or None
+    key = args.api_key if args.api_key is not None else env.text("EDGESPEC_API_KEY")
     check_exposure(args.host, key)
     target = args.target or DEFAULT_TARGET
     resolve(target)  # a bad --target, --gamma or --draft fails here, as one line, before a server starts

@@ -33,6 +33,7 @@ from edgespec.core.drafters import LEARNED, Draft, DraftContext, Hint, register
 from edgespec.core.learned_format import EMBEDDING, FEATURE, INPUTS, LOGITS, MANIFEST, NEXT_FEATURE, Manifest, resolve
 from edgespec.core.sampling import DRAFT, Noise, SamplingParams, process, sample
 from edgespec.models.gguf_tensors import TargetTensors
+from edgespec.runtime import env
 from edgespec.runtime.errors import EdgeSpecError, one_line
 
 # Execution providers in order of preference: the first one ONNX Runtime offers here is used.
@@ -61,7 +62,7 @@ def open_session(onnx_path: Path, threads: int = 1):
     # llama.cpp's threads run right after each draft: spinning ORT workers would steal their cores.
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.log_severity_level = 3
-    providers = pick_providers(ort.get_available_providers(), os.environ.get("EDGESPEC_ORT_PROVIDER") or None)
+    providers = pick_providers(ort.get_available_providers(), env.text("EDGESPEC_ORT_PROVIDER"))
     if not onnx_path.is_file():
         raise EdgeSpecError(f"{onnx_path.parent.name} has no {onnx_path.name}")
     try:
