@@ -89,6 +89,8 @@ class CostModel:
         beyond the largest along the last segment's slope."""
         if 1 not in pass_s:
             raise ValueError("pass_s needs T(1)")
+        if not all(np.isfinite(t) and t > 0 for t in pass_s.values()):  # stored ones are checked on load
+            raise ValueError(f"pass_s must be positive, finite seconds: {pass_s}")
         self.gamma_max = gamma_max
         ks = np.array(sorted(pass_s))
         ts = np.array([pass_s[k] for k in ks])

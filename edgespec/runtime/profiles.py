@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import sys
 import tempfile
@@ -53,6 +54,11 @@ PROFILE_VERSION = 4  # how profiles are measured; stored profiles of other versi
 # A pass over more rows measured below this share of one over fewer rows was disturbed (the fastest
 # of the repeats of the smaller one stalled: another program held the CPU): measured again.
 PLAUSIBLE = 0.7
+# A stored profile is planned with only if every pass took a positive, finite time of at most
+# MAX_PASS_S seconds and none over K rows cost more than DEARER_MAX K single-row passes (a pass over
+# K rows costs at most about K single passes: llama.cpp runs the rows together or one by one).
+MAX_PASS_S = 3600.0
+DEARER_MAX = 2.0
 
 
 def profile_dir() -> Path:
@@ -152,6 +158,24 @@ def implausible(pass_s: dict[int, float]) -> tuple[int, int] | None:
     return None
 
 
+def invalid(pass_s: dict[int, float]) -> str | None:
+    """Why stored pass costs cannot be planned with (edited by hand, written by a broken build), or
+    None: each T(K) a positive, finite number of seconds up to MAX_PASS_S, no T(K) above DEARER_MAX
+    K T(1), and more rows never much cheaper than fewer (`implausible`)."""
+    for k, t in sorted(pass_s.items()):
+        if k < 1 or not (math.isfinite(t) and 0 < t <= MAX_PASS_S):
+            return f"T({k}) = {t!r} s is not a time a pass can take"
+    t1 = pass_s.get(1)
+    for k, t in sorted(pass_s.items()):
+        if t1 is not None and t > DEARER_MAX * k * t1:
+            return f"T({k}) {t * 1000:.3g} ms is more than {DEARER_MAX:g} x {k} passes of T(1) {t1 * 1000:.3g} ms"
+    bad = implausible(pass_s)
+    if bad is not None:
+        a, b = bad
+        return f"T({b}) {pass_s[b] * 1000:.3g} ms is below T({a}) {pass_s[a] * 1000:.3g} ms"
+    return None
+
+
 def _key(model: Model) -> str:
     """What the costs depend on: the weights file, how it is run, the build, the kernels and the CPU."""
     st = os.stat(model.path)
@@ -183,6 +207,8 @@ class Profile:
 
     @classmethod
     def read(cls, path: Path) -> Profile | None:
+        """The profile stored at `path`; None (measure again) when it is missing, unreadable, marked
+        stale, invalid (`invalid`: said on stderr), or EDGESPEC_RECALIBRATE asks for a new one."""
         if env.recalibrate():
             return None
         try:
@@ -191,9 +217,20 @@ class Profile:
                 return None
             mr = data.get("max_rows")
             partial = {int(k): [float(t) for t in v] for k, v in (data.get("partial") or {}).items()}
-            return cls({int(k): float(v) for k, v in data["pass_s"].items()}, None if mr is None else int(mr), partial)
+            prof = cls({int(k): float(v) for k, v in data["pass_s"].items()}, None if mr is None else int(mr), partial)
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None  # missing or unreadable: measure again
+        why = invalid(prof.pass_s)
+        if why is None and prof.max_rows is not None and prof.max_rows < 0:
+            why = f"max_rows {prof.max_rows} is negative"
+        if why is not None:
+            print(f"edgespec: the stored cost profile {path.name} is invalid ({why}); measuring it again",
+                  file=sys.stderr)
+            return None
+        # an interrupted measurement's samples are resumed from only where each is a time
+        prof.partial = {k: v for k, v in prof.partial.items()
+                        if k >= 1 and all(math.isfinite(t) and 0 < t <= MAX_PASS_S for t in v)}
+        return prof
 
     def write(self, path: Path, model: Model) -> bool:
         """Store the profile at `path`; False when it cannot be written (a read-only cache)."""
