@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import signal
 import sys
@@ -13,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from edgespec.apps.args import Parser, add_generation_args, check_address, request_from_args, runtime_options
-from edgespec.runtime.errors import EdgeSpecError, run_command
+from edgespec.runtime.errors import EdgeSpecError, require_stdout, run_command
 
 COLOURS = {"draft": "\033[32m", "bonus": "\033[36m", "target": ""}
 RESET = "\033[0m"
@@ -325,21 +324,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     # A shell starts background jobs with SIGINT ignored, and Python keeps that; Ctrl-C (or a
     # SIGINT from a supervisor) must still end the command with status 130.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        return run_command(lambda: _dispatch(argv))
-    except BrokenPipeError:
-        # The reader of our output left (`| head`): end quietly, as Unix tools do. They die of
-        # SIGPIPE, which a shell reports as 141 (128 + 13); Python ignores SIGPIPE (so sockets get
-        # errors instead), hence the same status by hand. Output still buffered would fail again
-        # at exit, so stdout goes to /dev/null first.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
+    # the web UI, serve and rpc-server only log to stdout: they run with it closed
+    return run_command(lambda: _dispatch(argv), output=False)
 
 
 def _dispatch(argv: list[str]) -> int:
+    from edgespec.runtime import env
+
+    env.check_all()  # a bad EDGESPEC_* value is one line before anything loads
     if argv and argv[0] == "bench":
         from edgespec.apps.bench import main as bench_main
 
+        require_stdout()
         return bench_main(argv[1:])
     if argv and argv[0] == "serve":
         from edgespec.apps.server import main as serve_main
@@ -364,6 +360,7 @@ def _dispatch(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     # A prompt on the command line asks for an answer here, not for the UI (which would ignore it).
     if args.headless or any(x is not None for x in (args.prompt, args.prompt_file, args.chat_file)):
+        require_stdout()
         return headless(args)
     check_address(args.host, args.port)
     from edgespec.apps.ui import launch

@@ -278,13 +278,15 @@ def main(argv: list[str] | None = None, prog: str = "python -m edgespec.models")
     p = sub.add_parser("derive", help="make the same-vocabulary SmolLM2 pair (Q8_0 target, bundled Q4_1 draft)")
     p.add_argument("--out", default=None, help="folder for the derived target (default ~/.cache/edgespec/derived)")
     p.set_defaults(fn=cmd_derive)
-    args = ap.parse_args(argv)
-    for name in getattr(args, "names", None) or [getattr(args, "name", "x")]:
-        if not name.strip():
-            print(f"error: models {args.cmd} needs a model name, got an empty one (models list shows them)",
-                  file=sys.stderr)
-            return 1
-    return run_command(lambda: args.fn(args))
+
+    def run() -> int:  # --help too: `| head -1` ends it quietly
+        args = ap.parse_args(argv)
+        for name in getattr(args, "names", None) or [getattr(args, "name", "x")]:
+            if not name.strip():
+                raise EdgeSpecError(f"models {args.cmd} needs a model name, got an empty one (models list shows them)")
+        return args.fn(args)
+
+    return run_command(run)
 
 
 if __name__ == "__main__":
