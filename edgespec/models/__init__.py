@@ -9,11 +9,16 @@ from pathlib import Path
 
 from edgespec.models import catalog, pypi
 from edgespec.models.bundled import BUNDLED, DEFAULT_TARGET, bundled_path
+from edgespec.models.derive import DERIVED_DIR
 from edgespec.runtime.errors import EdgeSpecError
 from edgespec.runtime.llama import check_gguf_file
 
 MODELS_DIR = Path(__file__).resolve().parent
 STORE_DIR = MODELS_DIR / "store"  # git-ignored; for GGUFs a user drops in by hand
+# Folders whose GGUF files are named by their file name alone (`models list` shows them so):
+# this package's, the hand-filled store, and the derived pair's (`models derive`).
+LOCAL_DIRS = (MODELS_DIR, STORE_DIR, DERIVED_DIR)
+NAME_MAX = 255  # bytes in one file name (Linux, macOS and Windows alike)
 from edgespec.models.catalog import HF_PREFIX  # noqa: E402  (re-exported)
 
 __all__ = ["BUNDLED", "DEFAULT_TARGET", "MODELS_DIR", "STORE_DIR", "bundled_path", "install", "resolve", "resolve_local"]
@@ -31,7 +36,27 @@ def _looks_like_path(name: str) -> bool:
 
 
 def _local_names() -> list[str]:
-    return sorted(f.name for d in (MODELS_DIR, STORE_DIR) if d.is_dir() for f in d.glob("*.gguf"))
+    return sorted(f.name for d in LOCAL_DIRS if d.is_dir() for f in d.glob("*.gguf"))
+
+
+def _check_name(name: str) -> None:
+    """A name no file can have is a one-line error here, not "File name too long" from a stat."""
+    longest = max((len(part.encode("utf-8", "surrogateescape")) for part in name.split("/")), default=0)
+    if longest > NAME_MAX:
+        raise EdgeSpecError(f"model name too long: {name[:40]}... ({longest} bytes in one name; a file name has at "
+                            f"most {NAME_MAX}); give a catalog name or a .gguf path")
+
+
+def _a_set(name: str) -> EdgeSpecError:
+    """A set's name given where one model is meant: say what the set holds and what to run."""
+    members = catalog.sets()[name]
+    roles = {m: (catalog.find(m) or {}).get("role", "?") for m in members}
+    target = next((m for m in members if roles[m] == "target"), members[0])
+    draft = next((m for m in members if roles[m] == "draft"), members[-1])
+    listed = " and ".join(f"{m} ({roles[m]})" for m in members)
+    return EdgeSpecError(f"{name} is a set of models, not one: {listed}; install them with "
+                         f"`python app.py models install {name}`, then name one at a time: --target {target} "
+                         f"--draft {draft}")
 
 
 def _unknown(name: str) -> EdgeSpecError:
@@ -67,6 +92,9 @@ def resolve(name: str, progress: Callable[[int, int], None] | None = None) -> Pa
     if not name or not name.strip():
         raise EdgeSpecError("no model named")
     name = name.strip()
+    _check_name(name)
+    if name in catalog.sets():
+        raise _a_set(name)
     if name in BUNDLED:
         return bundled_path(name)
     if name.startswith(HF_PREFIX):
@@ -81,7 +109,7 @@ def resolve(name: str, progress: Callable[[int, int], None] | None = None) -> Pa
                 raise not_installed(entry)
             return path
         return _hub().pull(f"{HF_PREFIX}{entry['repo']}:{entry['file']}", progress)
-    for folder in (MODELS_DIR, STORE_DIR):
+    for folder in LOCAL_DIRS:
         if (folder / name).is_file():
             return _local_file(folder / name)
     if _looks_like_path(name):
@@ -96,6 +124,7 @@ def resolve_local(name: str) -> Path | None:
     """Like resolve() but never downloads: the local path, or None for a catalog/Hub model that is
     not in the cache yet. Unknown names and bad files still raise EdgeSpecError."""
     name = name.strip()
+    _check_name(name)
     if name.startswith(HF_PREFIX):
         return _hub().cached(name)
     entry = catalog.find(name)
