@@ -53,7 +53,7 @@ def add_runtime_args(ap: argparse.ArgumentParser) -> None:
 
 
 def add_generation_args(ap: argparse.ArgumentParser) -> None:
-    from edgespec.core.drafters import NGRAM_SIZES, kinds
+    from edgespec.core.drafters import NGRAM_SIZES, kinds, spec_names
     from edgespec.core.engine import DEFAULT_MAX_TOKENS, VERIFIERS
     from edgespec.core.sampling import SamplingParams
     from edgespec.models import DEFAULT_TARGET
@@ -65,7 +65,7 @@ def add_generation_args(ap: argparse.ArgumentParser) -> None:
                     help=f"target model: .gguf path or name (default {DEFAULT_TARGET})")
     ap.add_argument("--draft", default=DEFAULT_DRAFT, type=not_empty("write --draft none for plain decoding, or one of "
                                                                      f"{names}"),
-                    help=f"{names}[:ARG] | a draft model path or name (default {DEFAULT_DRAFT})")
+                    help=f"{spec_names()}, or a draft model's path or name (default {DEFAULT_DRAFT})")
     ap.add_argument("--gamma", default=DEFAULT_GAMMA,
                     help=f"draft length per step: a number, or auto (default {DEFAULT_GAMMA})")
     lo, hi = NGRAM_SIZES

@@ -10,7 +10,6 @@ into its state; `commit` tells it after every step what is committed now, and a 
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from edgespec.core.sampling import SamplingParams
+from edgespec.runtime import env
 from edgespec.runtime.errors import EdgeSpecError
 
 if TYPE_CHECKING:
@@ -156,16 +156,20 @@ class DrafterKind:
     summary: str
     build: Callable[[DraftContext], Drafter]
     takes_model: bool = False  # ARG names a model file (draft model, learned drafter)
+    takes_arg: bool = False  # ARG means something else to it (a plug-in's); neither: `NAME:ARG` is refused
+    options: str = ""  # the command-line options that configure it instead, for that refusal
 
 
 _REGISTRY: dict[str, DrafterKind] = {}
 
 
-def register(name: str, summary: str, takes_model: bool = False) -> Callable:
-    """Decorator for a function DraftContext -> Drafter: makes `--draft NAME[:ARG]` build it."""
+def register(name: str, summary: str, takes_model: bool = False, takes_arg: bool = False,
+             options: str = "") -> Callable:
+    """Decorator for a function DraftContext -> Drafter: makes `--draft NAME` build it, and `--draft
+    NAME:ARG` where it takes a model or an argument (DrafterKind)."""
 
     def deco(build: Callable[[DraftContext], Drafter]) -> Callable[[DraftContext], Drafter]:
-        _REGISTRY[name] = DrafterKind(name, summary, build, takes_model)
+        _REGISTRY[name] = DrafterKind(name, summary, build, takes_model, takes_arg, options)
         return build
 
     return deco
@@ -173,7 +177,7 @@ def register(name: str, summary: str, takes_model: bool = False) -> Callable:
 
 def kinds() -> dict[str, DrafterKind]:
     """Every registered drafter kind (built-in modules and EDGESPEC_DRAFTERS plug-ins), by name."""
-    extra = [m for m in os.environ.get("EDGESPEC_DRAFTERS", "").split(",") if m.strip()]
+    extra = [m for m in (env.text("EDGESPEC_DRAFTERS") or "").split(",") if m.strip()]
     for mod in (*DRAFTER_MODULES, *extra):
         try:
             importlib.import_module(mod.strip())
@@ -191,9 +195,21 @@ def split_spec(spec: str) -> tuple[str, str]:
     if spec == "none":
         return "none", ""
     if name in known:
+        kind = known[name]
+        if sep and not (kind.takes_model or kind.takes_arg):  # never an argument silently ignored
+            how = f"; {kind.options} configures it" if kind.options else ""
+            raise EdgeSpecError(f"--draft {spec}: the {name} drafter takes no argument; write --draft {name}{how}")
         return name, arg.strip()
     path = Path(spec).expanduser()
-    if path.is_dir() or path.suffix == ".onnx" or path.name == "manifest.json":
+    try:
+        is_dir = path.is_dir()
+        exists = is_dir or path.exists()
+    except OSError:  # a name no file can have (too long): the model resolver says so in one line
+        is_dir = exists = False
+    if not exists and name.lower() in known:
+        raise EdgeSpecError(f"unknown drafter {name!r}: drafter names are lower case; did you mean "
+                            f"--draft {name.lower()}{sep}{arg}?")
+    if is_dir or path.suffix == ".onnx" or path.name == "manifest.json":
         # a learned drafter's folder (or its drafter.onnx / manifest.json): a model is one file, so
         # any folder is taken as a drafter's, and one without a manifest is told what it lacks
         return "learned", spec

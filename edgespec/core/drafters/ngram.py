@@ -115,7 +115,8 @@ class NgramDrafter:
         self._tokens, self._index, self._found = [], {}, None
 
 
-@register("ngram", "prompt lookup: copies what followed the longest recurring n-gram (--ngram MIN,MAX)")
+@register("ngram", "prompt lookup: copies what followed the longest recurring n-gram (--ngram MIN,MAX)",
+          options="--ngram MIN,MAX")
 def _build(ctx: DraftContext) -> NgramDrafter:
     return NgramDrafter(*ctx.ngram)
 

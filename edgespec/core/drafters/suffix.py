@@ -740,7 +740,8 @@ def _agreed(tokens: Sequence[int], new: Sequence[int]) -> int:
     return n
 
 
-@register("suffix", "the context's n-gram copy plus this user's earlier answers, frequency-scored (SuffixDecoding)")
+@register("suffix", "the context's n-gram copy plus this user's earlier answers, frequency-scored (SuffixDecoding)",
+          options="--ngram MIN,MAX (its context copy)")
 def _build(ctx: DraftContext) -> SuffixDrafter:
     return SuffixDrafter(STORE.cache(ctx.target, ctx.owner), *ctx.ngram, text=text_lookup(ctx.target))
 
