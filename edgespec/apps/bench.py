@@ -16,15 +16,17 @@ from edgespec.service.suites import load_suites
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from edgespec.apps.args import Parser, add_runtime_args
+    from edgespec.apps.args import Parser, add_runtime_args, not_empty
+    from edgespec.service.suites import shipped_suites
 
     ap = Parser(
         prog="python app.py bench",
         description="Baseline vs speculative decoding over prompt suites (JSONL), with llama-cpp-python's "
         "prompt lookup as a reference; or --verify-cost to measure this machine's speculation ceiling.",
     )
-    ap.add_argument("--suite", action="append", default=[],
-                    help="JSONL suite file, or the name of a shipped suite (code_edit, spec_bench) (repeatable)")
+    ap.add_argument("--suite", action="append", default=[], type=not_empty("give a .jsonl file or a shipped suite"),
+                    help=f"JSONL suite file, or the name of a shipped suite ({', '.join(shipped_suites())}) "
+                    "(repeatable)")
     ap.add_argument("--target", default=None, help=f"target model: .gguf path or bundled name (default {DEFAULT_TARGET})")
     ap.add_argument("--draft", action="append", default=[],
                     help=f"candidate drafter: ngram or a draft model (repeatable; default {DEFAULT_DRAFT})")
@@ -57,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "types draft with their own lengths)")
     ap.add_argument("--reference-draft-model", default=None, metavar="MODEL",
                     help="draft model for llama.cpp's draft-simple (default: the first --draft model:NAME)")
-    ap.add_argument("--out", default=None, help="output folder (results.json, report.md, plots)")
+    ap.add_argument("--out", default=None, type=not_empty("give a folder for results.json, report.md and plots"),
+                    help="output folder (results.json, report.md, plots)")
     ap.add_argument("--verify-cost", action="store_true", help="measure T(K)/T(1) for K = 1..--max-k and the speedup ceiling")
     ap.add_argument("--max-k", type=int, default=32, help="largest K for --verify-cost (default 32)")
     add_runtime_args(ap)
