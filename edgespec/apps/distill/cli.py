@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgespec.apps.distill import corpus
 from edgespec.apps.distill.collect import Record, collect, collection_rates, split_prompts
 from edgespec.apps.distill.config import DEFAULT_SUITE, DistillConfig
 from edgespec.apps.distill.onnx_export import check_out, export
@@ -30,6 +31,8 @@ def run(cfg: DistillConfig, log: Callable[[str], None] = print) -> Path:
     end = t_start + budget_s
     train_prompts, held_ids = split_prompts(cfg.suites, cfg.holdout)
     out = check_out(Path(cfg.out)) if cfg.out else None  # before anything is loaded or trained
+    if cfg.corpus:
+        corpus.documents(cfg.corpus, cfg.seed)  # so is --corpus: a missing or binary one is refused now
     model, session, tensors = load_target(cfg)
     out = out or check_out(fmt.store_dir() / Path(model.path).stem)
     log(f"distilling a drafter for {Path(model.path).name} into {out} (budget {cfg.budget_minutes:g} min; "

@@ -12,6 +12,7 @@ neither the prompt suites nor their held-out prompts are part of it.
 
 from __future__ import annotations
 
+import codecs
 import random
 import sysconfig
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from edgespec.runtime.errors import EdgeSpecError
 SUFFIXES = (".py", ".md", ".txt", ".rst", ".js", ".ts", ".c", ".h", ".cpp", ".rs", ".go", ".java", ".sh")
 MIN_BYTES = 1500  # shorter files teach little per pass
 MAX_BYTES = 400_000  # generated tables and vendored blobs
+TEXT_CHECK = 64 << 10  # bytes of a file looked at to tell text from binary data
 SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idlelib", "lib2to3", "turtledemo",
              "ensurepip", "encodings", "pydoc_data", "config-3"}
 
@@ -40,6 +42,26 @@ def python_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
+def not_text(path: Path) -> str | None:
+    """Why the file at `path` is not training text, or None: its first TEXT_CHECK bytes must be
+    UTF-8 without NUL bytes (random or binary data is neither; a multi-byte character cut at the
+    end of the sample is fine)."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(TEXT_CHECK)
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    if not head.strip():
+        return "is empty"
+    if b"\0" in head:
+        return f"is binary, not text (a NUL byte at {head.index(0)})"
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=len(head) < TEXT_CHECK)
+    except UnicodeDecodeError as exc:
+        return f"is not UTF-8 text (byte 0x{head[exc.start]:02x} at {exc.start})"
+    return None
+
+
 def resolve(spec: str) -> Path:
     """'python' -> the standard library folder; anything else is a path that must exist."""
     if spec == "python":
@@ -54,6 +76,9 @@ def documents(spec: str, seed: int = 0) -> list[Document]:
     """The corpus's documents, in a fixed order shuffled by `seed`."""
     root = resolve(spec)
     if root.is_file():
+        why = not_text(root)
+        if why is not None:
+            raise EdgeSpecError(f"--corpus {spec} {why}; give a text file, a folder of them, or 'python'")
         return [Document(root.name, root)]
     found = []
     for p in sorted(root.rglob("*")):
@@ -66,7 +91,7 @@ def documents(spec: str, seed: int = 0) -> list[Document]:
             size = p.stat().st_size
         except OSError:
             continue
-        if MIN_BYTES <= size <= MAX_BYTES:
+        if MIN_BYTES <= size <= MAX_BYTES and not_text(p) is None:
             found.append(Document(str(rel), p))
     if not found:
         raise EdgeSpecError(f"--corpus {spec}: no text files ({', '.join(SUFFIXES[:4])}, ...) of "
