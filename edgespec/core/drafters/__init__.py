@@ -198,7 +198,7 @@ def split_spec(spec: str) -> tuple[str, str]:
         kind = known[name]
         if sep and not (kind.takes_model or kind.takes_arg):  # never an argument silently ignored
             how = f"; {kind.options} configures it" if kind.options else ""
-            raise EdgeSpecError(f"--draft {spec}: the {name} drafter takes no argument; write --draft {name}{how}")
+            raise EdgeSpecError(f"drafter {spec!r}: {name} takes no argument; write just {name}{how}")
         return name, arg.strip()
     path = Path(spec).expanduser()
     try:
@@ -208,7 +208,7 @@ def split_spec(spec: str) -> tuple[str, str]:
         is_dir = exists = False
     if not exists and name.lower() in known:
         raise EdgeSpecError(f"unknown drafter {name!r}: drafter names are lower case; did you mean "
-                            f"--draft {name.lower()}{sep}{arg}?")
+                            f"{name.lower()}{sep}{arg}?")
     if is_dir or path.suffix == ".onnx" or path.name == "manifest.json":
         # a learned drafter's folder (or its drafter.onnx / manifest.json): a model is one file, so
         # any folder is taken as a drafter's, and one without a manifest is told what it lacks
@@ -218,7 +218,8 @@ def split_spec(spec: str) -> tuple[str, str]:
 
 def spec_names() -> str:
     """Every way to name a drafter, for messages: 'none, ngram, model:..., learned:...'."""
-    return ", ".join(["none", *(f"{k.name}:..." if k.takes_model else k.name for k in kinds().values())])
+    return ", ".join(["none", *(f"{k.name}:..." if k.takes_model else f"{k.name}[:ARG]" if k.takes_arg else k.name
+                              for k in kinds().values())])
 
 
 def build(spec: str, ctx_target: Model, opts: RuntimeOptions, ngram: tuple[int, int] = NGRAM_SIZES,
