@@ -44,6 +44,7 @@ from edgespec.runtime import backend
 from edgespec.runtime.errors import EdgeSpecError, run_command
 
 CHILD_TIMEOUT_S = 300
+GPU_CHILD_TIMEOUT_S = 900  # a software Vulkan device on a busy machine decodes about a token a second
 # ggml-vulkan on a CPU-type device (Mesa's lavapipe), as llama.cpp's CI job ubuntu-llvmpipe runs it:
 # the device is listed only when named, and its f16 and cooperative-matrix paths are left out.
 SOFTWARE_VULKAN = {"GGML_VK_VISIBLE_DEVICES": "0", "GGML_VK_DISABLE_F16": "1", "GGML_VK_DISABLE_COOPMAT": "1"}
@@ -122,11 +123,11 @@ def prove_gpu(directory: Path | None, manifest: dict, model_path: str) -> bool:
         return False
     kind = modules[0].name.split("ggml-")[1].split(".")[0]
     env = {"EDGESPEC_GPU_MODULES": str(directory)}
-    rc, tail = _run_child("gpu", model_path, env)
+    rc, tail = _run_child("gpu", model_path, env, timeout=GPU_CHILD_TIMEOUT_S)
     report = json.loads(tail) if rc == 0 else {"ok": False, "why": _death(rc) + (f": {tail}" if tail else "")}
     software = kind == "vulkan" and report.get("no_device")
     if software:  # no GPU: the software device, where Mesa provides one
-        rc, tail = _run_child("gpu", model_path, {**env, **SOFTWARE_VULKAN})
+        rc, tail = _run_child("gpu", model_path, {**env, **SOFTWARE_VULKAN}, timeout=GPU_CHILD_TIMEOUT_S)
         report = json.loads(tail) if rc == 0 else {"ok": False, "why": _death(rc) + (f": {tail}" if tail else "")}
     if report.get("ok"):
         manifest["gpu_modules"] = str(directory.resolve())
@@ -154,15 +155,16 @@ def _death(rc: int) -> str:
     return f"exit status {rc}"
 
 
-def _run_child(mode: str, model_path: str, env: dict[str, str], logits_out: str | None = None) -> tuple[int, str]:
+def _run_child(mode: str, model_path: str, env: dict[str, str], logits_out: str | None = None,
+               timeout: int = CHILD_TIMEOUT_S) -> tuple[int, str]:
     """(exit status, last stderr line) of a child; on success the tail is its JSON report instead."""
     cmd = [sys.executable, "-m", "edgespec.apps.buildcheck", "--child", mode, "--model", model_path]
     if logits_out:
         cmd += ["--logits-out", logits_out]
     try:
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, env={**os.environ, **env})
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **env})
     except subprocess.TimeoutExpired:
-        return 1, f"no answer within {CHILD_TIMEOUT_S} s"
+        return 1, f"no answer within {timeout} s"
     if res.returncode == 0:
         out = [ln for ln in (res.stdout or "").strip().splitlines() if ln.startswith("{")]
         return 0, (out[-1] if out else "{}")
