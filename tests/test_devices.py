@@ -103,3 +103,14 @@ def test_stats_lines_name_the_device():
     tr = Tracker()
     tr.reply = reply
     assert "device Vulkan0" in render.stats_line(tr).split(" | ")
+
+
+def test_the_pool_changes_device_only_to_one_that_exists():
+    from edgespec.service.pool import ModelPool
+
+    pool = ModelPool(RuntimeOptions(n_ctx=512))
+    with pytest.raises(EdgeSpecError, match="no device 'Vulkan3' here"):
+        pool.use_device("Vulkan3")
+    assert pool.opts.device is None
+    pool.use_device("cpu")
+    assert pool.opts.device == "cpu"

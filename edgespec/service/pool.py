@@ -130,9 +130,15 @@ class ModelPool:
         sessions loaded on another device are closed. Refused while a generation holds one."""
         from dataclasses import replace
 
+        from edgespec.runtime import backend
+        from edgespec.runtime import llama as runtime
+
         if device == self.opts.device:
             return
         opts = replace(self.opts, device=device)  # a bad combination (--exact on a GPU) fails here
+        if device is not None:
+            runtime.lib()
+            backend.choose_device(device)  # an unknown name fails here, before anything is closed
         with self._cond:
             if self.active():
                 raise EdgeSpecError("a generation is running; change the device when it has finished")
