@@ -137,4 +137,6 @@ def test_build_check_rejects_a_broken_module_in_one_line(tmp_path):
                          capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert res.returncode == 0, "a GPU module that fails never fails the set-up"
     said = [ln for ln in res.stdout.splitlines() if "GPU module" in ln]
-    assert len(said) == 1 and "is not used (llama.cpp did not load the GPU module); models run on the CPU" in said[0]
+    # a cut-short library dies in the child (SIGBUS when dlopen maps past its end): the parent survives it
+    assert len(said) == 1 and "the vulkan GPU module is not used (" in said[0], res.stdout
+    assert said[0].endswith("); models run on the CPU")
