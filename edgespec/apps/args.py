@@ -44,6 +44,9 @@ def add_runtime_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--ctx", type=int, default=ctx, help=f"context size in tokens (default {ctx}, at least {MIN_CTX})")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: all available cores)")
     ap.add_argument("--flash-attn", choices=["auto", "on", "off"], default="auto")
+    ap.add_argument("--device", default=None, metavar="NAME",
+                    help="where the target's and draft model's layers run: cpu, Vulkan0, CUDA0, ... (python app.py "
+                    "--list-devices; default: the first GPU, else the CPU; --exact: the CPU)")
     ap.add_argument(
         "--exact",
         action="store_true",
@@ -201,4 +204,4 @@ def runtime_options(args: argparse.Namespace) -> RuntimeOptions:
 
     rpc = getattr(args, "rpc", None)  # a program without --rpc (bench) runs every layer here
     return RuntimeOptions(n_ctx=args.ctx, n_threads=args.threads, flash_attn=args.flash_attn, exact=args.exact,
-                          rpc=tuple(rpc.split(",")) if rpc else ())
+                          rpc=tuple(rpc.split(",")) if rpc else (), device=args.device)

@@ -15,8 +15,17 @@ wrong kernel moves them far more; summation order moves them by hundredths, and 
 near-tie's top token, so that is not asked).
 A module that crashes or fails either is recorded as rejected for this CPU, and the unpatched one
 runs instead.
+
+The GPU backend module (libggml-vulkan.so or libggml-cuda.so, built by the set-up when this machine
+has a GPU or EDGESPEC_GPU asks for one) is proved on its device: a child loads it, puts every layer
+of the bundled SmolLM2 on the first GPU it finds, and runs greedy plain decoding and n-gram
+speculation there (service/devicecheck.py): the speculative tokens must equal the plain ones. Where
+the Vulkan module finds no GPU, it is proved on Mesa's software device (lavapipe) if one is
+installed (SOFTWARE_VULKAN: how llama.cpp's own CI runs it). A module that fails is not recorded, so
+the app never loads it, and the CPU path runs as before.
+
 Exit status 0 when fast mode (and exact mode, when its kernels exist) has a working variant; a
-rejected small-batch module never fails the check.
+rejected small-batch or GPU module never fails the check.
 """
 
 from __future__ import annotations
@@ -35,6 +44,10 @@ from edgespec.runtime import backend
 from edgespec.runtime.errors import EdgeSpecError, run_command
 
 CHILD_TIMEOUT_S = 300
+GPU_CHILD_TIMEOUT_S = 900  # a software Vulkan device on a busy machine decodes about a token a second
+# ggml-vulkan on a CPU-type device (Mesa's lavapipe), as llama.cpp's CI job ubuntu-llvmpipe runs it:
+# the device is listed only when named, and its f16 and cooperative-matrix paths are left out.
+SOFTWARE_VULKAN = {"GGML_VK_VISIBLE_DEVICES": "0", "GGML_VK_DISABLE_F16": "1", "GGML_VK_DISABLE_COOPMAT": "1"}
 
 
 def _say(msg: str) -> None:
@@ -55,7 +68,7 @@ def child(mode: str, model_path: str, logits_out: str | None = None) -> int:
     from edgespec.runtime import llama as runtime
     runtime.set_mode(mode)
     model = runtime.Model(model_path, n_ctx=256, n_batch=64, flash_attn="off" if mode == "exact" else "auto",
-                          repack=mode != "exact")
+                          repack=mode != "exact", device=backend.CPU_DEVICE)
     toks = model.tokenize("The quick brown fox jumps over the lazy dog. It was not amused, and it said so at length.",
                           add_special=True)
     rows, at = [], 0
@@ -73,6 +86,66 @@ def child(mode: str, model_path: str, logits_out: str | None = None) -> int:
     return 0
 
 
+def gpu_child(model_path: str) -> int:
+    """Load the model on the default device (a GPU where the GPU module found one) and compare greedy
+    n-gram speculation with plain decoding there; print one JSON line."""
+    from edgespec.models.loader import RuntimeOptions
+    from edgespec.runtime import llama as runtime
+    from edgespec.service.devicecheck import greedy_runs
+    from edgespec.service.session import Session
+
+    runtime.lib()
+    if not runtime.backend_info().others:
+        print(json.dumps({"ok": False, "why": "llama.cpp did not load the GPU module"}))
+        return 0
+    device = backend.choose_device(None)
+    if not device.is_gpu:
+        print(json.dumps({"ok": False, "no_device": True, "why": "the GPU module found no GPU"}))
+        return 0
+    session = Session(runtime.Model(model_path, n_ctx=512, n_batch=64), RuntimeOptions(n_ctx=512))
+    try:
+        runs = greedy_runs(session, ["ngram"], gamma=3, max_tokens=8)  # short: a software device is slow
+        report = {"ok": all(r.ok for r in runs), "device": device.name, "description": device.description,
+                  "layers": session.target.layers_on_device, "runs": [r.to_dict() for r in runs]}
+    finally:
+        session.close()
+    print(json.dumps(report))
+    return 0
+
+
+def prove_gpu(directory: Path | None, manifest: dict, model_path: str) -> bool:
+    """Does the GPU module in `directory` run the bundled model on its device and give plain
+    decoding's tokens with speculation? Recorded (`gpu_modules`, `gpu`) only when it does."""
+    manifest.pop("gpu_modules", None)
+    modules = backend.gpu_modules(directory)
+    if not modules:
+        manifest["gpu"] = {"ok": False, "why": "not built"}
+        return False
+    kind = modules[0].name.split("ggml-")[1].split(".")[0]
+    env = {"EDGESPEC_GPU_MODULES": str(directory)}
+    rc, tail = _run_child("gpu", model_path, env, timeout=GPU_CHILD_TIMEOUT_S)
+    report = json.loads(tail) if rc == 0 else {"ok": False, "why": _death(rc) + (f": {tail}" if tail else "")}
+    software = kind == "vulkan" and report.get("no_device")
+    if software:  # no GPU: the software device, where Mesa provides one
+        rc, tail = _run_child("gpu", model_path, {**env, **SOFTWARE_VULKAN}, timeout=GPU_CHILD_TIMEOUT_S)
+        report = json.loads(tail) if rc == 0 else {"ok": False, "why": _death(rc) + (f": {tail}" if tail else "")}
+    if report.get("ok"):
+        manifest["gpu_modules"] = str(directory.resolve())
+        manifest["gpu"] = {"ok": True, "kind": kind, "device": report["device"], "description": report["description"],
+                           "software": bool(software), "layers": report["layers"]}
+        where = f"{report['device']} ({report['description']}{', a software device' if software else ''})"
+        _say(f"the {kind} GPU module runs here: every layer on {where}, greedy speculation equals plain decoding")
+        return True
+    why = report.get("why")
+    if why is None:  # ran, but a speculative run differed beyond a near-tie
+        bad = next(r for r in report["runs"] if not r["ok"])
+        why = (f"greedy {bad['draft']} speculation differs from plain decoding at token {bad['divergence']['position']} "
+               f"(top-2 gap {bad['divergence']['top2_gap']:.2f})")
+    manifest["gpu"] = {"ok": False, "kind": kind, "why": why}
+    _say(f"the {kind} GPU module is not used ({why}); models run on the CPU")
+    return False
+
+
 def _death(rc: int) -> str:
     if rc < 0:
         try:
@@ -82,15 +155,16 @@ def _death(rc: int) -> str:
     return f"exit status {rc}"
 
 
-def _run_child(mode: str, model_path: str, env: dict[str, str], logits_out: str | None = None) -> tuple[int, str]:
+def _run_child(mode: str, model_path: str, env: dict[str, str], logits_out: str | None = None,
+               timeout: int = CHILD_TIMEOUT_S) -> tuple[int, str]:
     """(exit status, last stderr line) of a child; on success the tail is its JSON report instead."""
     cmd = [sys.executable, "-m", "edgespec.apps.buildcheck", "--child", mode, "--model", model_path]
     if logits_out:
         cmd += ["--logits-out", logits_out]
     try:
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, env={**os.environ, **env})
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **env})
     except subprocess.TimeoutExpired:
-        return 1, f"no answer within {CHILD_TIMEOUT_S} s"
+        return 1, f"no answer within {timeout} s"
     if res.returncode == 0:
         out = [ln for ln in (res.stdout or "").strip().splitlines() if ln.startswith("{")]
         return 0, (out[-1] if out else "{}")
@@ -185,17 +259,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--exact-modules", default=None, help="folder of the llamafile-off CPU modules")
     ap.add_argument("--kernel-modules", default=None,
                     help="folder of the small-batch CPU modules ('' when they could not be built)")
+    ap.add_argument("--gpu-modules", default=None,
+                    help="folder of the GPU backend module to prove ('' when it could not be built)")
     ap.add_argument("--variant", action="store_true",
                     help="print the CPU variant fast mode was proved with on this CPU, and exit")
     ap.add_argument("--model", default=None, help="GGUF to test with (default: the bundled SmolLM2)")
     ap.add_argument("--logits-out", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--dry-run", action="store_true", help="check, but record nothing beside the library")
-    ap.add_argument("--child", choices=["fast", "exact"], default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=["fast", "exact", "gpu"], default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.model is None:
         from edgespec.models import bundled_path
 
         args.model = str(bundled_path("smollm2-135m"))
+    if args.child == "gpu":
+        return run_command(lambda: gpu_child(args.model))
     if args.child:
         return run_command(lambda: child(args.child, args.model, args.logits_out))
 
@@ -239,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
         ok = prove(mode, directory, args.model, manifest, cpu.signature) and ok
     if ok and args.kernel_modules:  # the set-up names them once they are built for this variant
         prove_kernels(Path(manifest["kernel_modules"]), manifest, cpu.signature)
+    if ok and args.gpu_modules is not None:
+        prove_gpu(Path(args.gpu_modules) if args.gpu_modules else None, manifest, args.model)
     if args.dry_run:
         return 0 if ok else 1
     try:

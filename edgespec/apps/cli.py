@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="multi-turn chat: JSON lines ({\"role\": \"user\"|\"system\", \"content\": ...} or a JSON "
                     "string), one reply per user line, earlier turns kept in the KV cache; - reads stdin (plain lines too)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    ap.add_argument("--list-devices", action="store_true",
+                    help="list the devices a model can run on (name, description, memory; names for --device) and exit")
     ap.add_argument("--no-color", action="store_true")
     ap.add_argument("--host", default="127.0.0.1", help="UI address (default 127.0.0.1)")
     ap.add_argument("--port", type=int, default=7860, help="UI port (default 7860)")
@@ -301,6 +303,18 @@ def exact_cap_note(reply) -> str | None:
             "to give the logits of single-token decoding on this CPU")
 
 
+def list_devices() -> int:
+    """`--list-devices`: one line per device, the default marked."""
+    from edgespec.runtime import backend
+    from edgespec.runtime import llama as runtime
+
+    runtime.lib()
+    default = backend.choose_device(None)
+    for d in backend.devices():
+        print(d.line() + ("  [default]" if d == default else ""))
+    return 0
+
+
 def stats_line(reply) -> str:
     """One line of numbers, the same names everywhere (README, "Stats")."""
     st = reply.stats
@@ -315,7 +329,7 @@ def stats_line(reply) -> str:
     return (
         f"[{st.tokens_per_s:.1f} tok/s | {st.generated} tokens in {st.decode_s:.2f}s | {acc}"
         f"{st.tokens_per_call:.2f} tokens/target call | {speed}{st.bandwidth_gb_s:.2f} GB/s | "
-        f"drafter {reply.drafter}{gamma}]"
+        f"drafter {reply.drafter}{gamma} | {reply.device}]"
     )
 
 
@@ -358,6 +372,8 @@ def _dispatch(argv: list[str]) -> int:
 
         return quant_main(argv[1:], prog="python app.py quant")
     args = build_parser().parse_args(argv)
+    if args.list_devices:
+        return list_devices()
     # A prompt on the command line asks for an answer here, not for the UI (which would ignore it).
     if args.headless or any(x is not None for x in (args.prompt, args.prompt_file, args.chat_file)):
         require_stdout()

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from edgespec.runtime import llama as runtime
+from edgespec.runtime.backend import CPU_DEVICE
 from edgespec.runtime.errors import EdgeSpecError
 from edgespec.runtime.llama import DEFAULT_N_CTX, FlashAttn, Model
 
@@ -31,13 +32,16 @@ class RuntimeOptions:
     no weight repacking: single-token and batched decoding then agree bit for bit on F16 and
     Q8_0/Q4_0/Q4_1 weights, and drafts are capped at the row counts probed to agree (README,
     "Exactness"). `rpc` lists llama.cpp rpc-servers (HOST:PORT) that hold the target's layers; a
-    drafter's model loads with `local()`, on this machine."""
+    drafter's model loads with `local()`, on this machine. `device` names where target and draft
+    layers run ('cpu', 'Vulkan0', 'CUDA0', ...; None: a GPU where one loads, else the CPU; exact
+    mode: the CPU, whose kernels its guarantee is about)."""
 
     n_ctx: int = DEFAULT_N_CTX
     n_threads: int | None = None
     flash_attn: FlashAttn = "auto"
     exact: bool = False
     rpc: tuple[str, ...] = ()
+    device: str | None = None
 
     def __post_init__(self) -> None:
         if self.n_ctx < MIN_CTX:
@@ -55,6 +59,11 @@ class RuntimeOptions:
             if self.exact:
                 raise EdgeSpecError("--exact cannot run with --rpc: the servers run their own kernels, not the "
                                     "exact-mode ones")
+        if self.device is not None and not self.device.strip():
+            raise EdgeSpecError("--device is empty; give a name from --list-devices (cpu, Vulkan0, CUDA0, ...)")
+        if self.exact and self.device is not None and self.device.strip().lower() != CPU_DEVICE:
+            raise EdgeSpecError(f"--exact runs on the CPU only (its guarantee is about the CPU's kernels); drop "
+                                f"--device {self.device} or give --device cpu")
 
     def local(self) -> RuntimeOptions:
         """The same options for a model that runs on this machine (a draft model)."""
@@ -95,4 +104,5 @@ def load_model(
         flash_attn="off" if opts.exact else opts.flash_attn,
         repack=not opts.exact,
         progress=progress,
+        device=opts.device,
     )

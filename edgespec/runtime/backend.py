@@ -20,6 +20,12 @@ directory, not beside the library, so EdgeSpec chooses and loads the module itse
   runs the unpatched modules instead, and the unpatched set is what runs when the patched one is
   missing or failed the set-up's check.
 
+GPU backends are loadable modules too (libggml-vulkan.so, libggml-cuda.so): the set-up builds the
+one this machine can use from the same source, proves it (a greedy speculative run on the device
+equals plain decoding there) and records its folder; `load` then loads it beside the CPU kernels,
+and `devices()` lists what llama.cpp can run a model on (`choose_device` picks one: a GPU where one
+is there, else the CPU).
+
 A build without loadable modules (a CUDA/Metal build made with other `EDGESPEC_CMAKE_ARGS`, or a
 plain `pip install llama-cpp-python`) has its CPU kernels linked in; then the instruction sets it
 was compiled for (llama.cpp's system info) are checked against this CPU's, and a mismatch is a
@@ -48,6 +54,7 @@ from edgespec.runtime.errors import EdgeSpecError
 MANIFEST = "edgespec-build.json"
 # Variants compiled with AMX tile instructions; ggml's AMX matmul crashed on the Xeons (NOTES).
 AMX_VARIANTS = frozenset({"sapphirerapids"})
+GPU_KINDS = ("cuda", "vulkan")  # GPU backend modules the set-up builds (libggml-<kind>.so)
 # llama.cpp's system-info feature names -> the /proc/cpuinfo flags the compiled code needs.
 # GGML_AVX512 compiles with -mavx512f -mavx512cd -mavx512vl -mavx512dq -mavx512bw.
 FEATURE_FLAGS: dict[str, tuple[str, ...]] = {
@@ -305,13 +312,27 @@ def load(llama: ModuleType, mode: str = "fast") -> Backend:
     elif not ggml.ggml_backend_load(str(choice[1]).encode()):
         raise EdgeSpecError(f"llama.cpp could not load its CPU kernels from {choice[1]}")
     others = []
-    for path in sorted(base.glob(f"{_prefix()}ggml-*{_suffix()}")):
+    gpu = gpu_dir()
+    for path in sorted([*base.glob(f"{_prefix()}ggml-*{_suffix()}"), *gpu_modules(gpu)]):
         kind = path.name[len(_prefix()) + 5 : -len(_suffix())]
-        if kind in ("base", "cpu") or kind.startswith("cpu-"):
+        if kind in ("base", "cpu") or kind.startswith("cpu-") or kind in others:
             continue
         if ggml.ggml_backend_load(str(path).encode()):
             others.append(kind)
     return Backend(mode, choice[0], str(choice[1]), others, cpu, kernels)
+
+
+def gpu_dir() -> Path | None:
+    """Folder of the GPU backend module the set-up built and proved (libggml-vulkan.so or
+    libggml-cuda.so): EDGESPEC_GPU_MODULES, else the set-up's record; None when there is none."""
+    return _recorded_dir("EDGESPEC_GPU_MODULES", "gpu_modules")
+
+
+def gpu_modules(directory: Path | None) -> list[Path]:
+    """The GPU backend modules in `directory` (none for None or a folder without them)."""
+    if directory is None:
+        return []
+    return sorted(p for kind in GPU_KINDS for p in directory.glob(f"{_prefix()}ggml-{kind}{_suffix()}") if p.is_file())
 
 
 _unchecked: list[ctypes.CDLL] = []  # modules registered past their score check (kept loaded)
@@ -464,3 +485,86 @@ def ggml_errors_to_stderr() -> None:
     ggml.ggml_log_set.argtypes = [proto, ctypes.c_void_p]
     ggml.ggml_log_set(cb, None)
     _ggml_log_hook[:] = [cb]
+
+
+# ----------------------------------------------------------------------------- devices
+# What a model can run on: llama.cpp's registry of devices (the CPU, and one per GPU that a loaded
+# GPU module found). ggml-vulkan leaves out CPU-type Vulkan devices (Mesa's lavapipe) unless
+# GGML_VK_VISIBLE_DEVICES names them, so a machine without a GPU runs on its CPU by default even
+# where the Vulkan module is installed.
+CPU_DEVICE = "cpu"  # the name users give the CPU (llama.cpp calls it "CPU")
+# ggml_backend_dev_type: CPU, GPU (dedicated memory), IGPU (host memory), ACCEL (beside the CPU), META
+DEVICE_TYPES = ("cpu", "gpu", "igpu", "accel", "meta")
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str  # llama.cpp's device name ('Vulkan0', 'CUDA0'), or 'cpu'
+    description: str  # 'NVIDIA H100 80GB HBM3', 'llvmpipe (LLVM 15.0.6, 256 bits)', the CPU's model
+    kind: str  # one of DEVICE_TYPES
+    free: int  # bytes of memory free on it
+    total: int
+    handle: int | None  # ggml_backend_dev_t; None for the CPU (a model then names no device)
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.kind in ("gpu", "igpu")
+
+    def line(self) -> str:
+        """One line for `--list-devices`: name, description, memory."""
+        memory = f"{self.free / 2**30:.1f} GiB free of {self.total / 2**30:.1f} GiB" if self.total else "memory unknown"
+        return f"{self.name:<10} {self.description} ({self.kind}, {memory})"
+
+
+def _dev_api(ggml: ctypes.CDLL) -> ctypes.CDLL:
+    """ggml's device functions with their C types (ggml-backend.h)."""
+    ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
+    ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
+    ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    for fn in (ggml.ggml_backend_dev_name, ggml.ggml_backend_dev_description):
+        fn.restype = ctypes.c_char_p
+        fn.argtypes = [ctypes.c_void_p]
+    ggml.ggml_backend_dev_type.restype = ctypes.c_int
+    ggml.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+    ggml.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
+                                             ctypes.POINTER(ctypes.c_size_t)]
+    return ggml
+
+
+def devices() -> list[Device]:
+    """The devices llama.cpp has registered in this process (after `load`): the CPU first, then the
+    GPUs and accelerators in llama.cpp's order. RPC servers' devices are left out (--rpc names them)."""
+    ggml = _dev_api(_ggml())
+    out = []
+    for i in range(ggml.ggml_backend_dev_count()):
+        dev = ggml.ggml_backend_dev_get(i)
+        name = ggml.ggml_backend_dev_name(dev).decode()
+        kind = ggml.ggml_backend_dev_type(dev)
+        kind = DEVICE_TYPES[kind] if 0 <= kind < len(DEVICE_TYPES) else str(kind)
+        if name.startswith("RPC") or kind == "meta":
+            continue
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        ggml.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        desc = ggml.ggml_backend_dev_description(dev).decode()
+        if kind == "cpu":
+            out.append(Device(CPU_DEVICE, desc, kind, free.value, total.value, None))
+        else:
+            out.append(Device(name, desc, kind, free.value, total.value, dev))
+    out.sort(key=lambda d: d.kind != "cpu")
+    return out
+
+
+def choose_device(name: str | None) -> Device:
+    """The device `name` names (case does not matter), or, for None, the default: the first GPU
+    llama.cpp found, else the CPU. An unknown name is a one-line error listing the devices."""
+    found = devices()
+    if name is None:
+        return next((d for d in found if d.is_gpu), next(d for d in found if d.kind == "cpu"))
+    for d in found:
+        if d.name.lower() == name.strip().lower():
+            return d
+    listed = ", ".join(f"{d.name} ({d.description})" for d in found)
+    hint = "" if any(d.is_gpu for d in found) else (
+        "; no GPU module is loaded: scripts/setup.sh builds one (EDGESPEC_GPU=vulkan|cuda)"
+        if not gpu_modules(gpu_dir()) else "")
+    raise EdgeSpecError(f"no device {name!r} here; devices: {listed}{hint}")

@@ -26,7 +26,8 @@ VARIABLES = {
     "EDGESPEC_EXACT_MODULES": "folder of the exact-mode CPU modules (default: the set-up's)",
     "EDGESPEC_CPU_VARIANT": "the CPU module variant to load (haswell, zen4, ...) instead of the best one",
     "EDGESPEC_CPU_VARIANT_UNCHECKED": "yes: load EDGESPEC_CPU_VARIANT even where the CPU cannot run it (build check)",
-    "EDGESPEC_GPU_LAYERS": "layers to put on a GPU (default 0)",
+    "EDGESPEC_GPU_MODULES": "folder of the GPU backend module (libggml-vulkan.so, libggml-cuda.so; default: the set-up's)",
+    "EDGESPEC_GPU_LAYERS": "layers to put on the chosen GPU device (default: all of them)",
     "EDGESPEC_RPC_DIR": "folder of llama.cpp's RPC module and rpc-server (default: the set-up's)",
     "EDGESPEC_RPC_TIMEOUT": "seconds a remote pass may take (default 60)",
     "EDGESPEC_HUB_TIMEOUT": "seconds a Hugging Face Hub request may wait (default 30)",
@@ -134,8 +135,10 @@ def recalibrate() -> bool:
     return flag("EDGESPEC_RECALIBRATE")
 
 
-def gpu_layers() -> int:
-    """EDGESPEC_GPU_LAYERS: model layers to offload to a GPU (default 0)."""
+def gpu_layers() -> int | None:
+    """EDGESPEC_GPU_LAYERS: how many model layers go to the chosen GPU device (None: all of them)."""
+    if text("EDGESPEC_GPU_LAYERS") is None:
+        return None
     return int(number("EDGESPEC_GPU_LAYERS", 0, unit="", whole=True, inclusive=True))
 
 

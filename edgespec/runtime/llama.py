@@ -38,6 +38,7 @@ _lib: ModuleType | None = None
 _mode = "fast"
 _backend: backend.Backend | None = None
 _log_tail: list[str] = []
+_offloaded: list[str] = []  # llama.cpp's "offloaded N/M layers to GPU" line of the last load
 # Ctrl-C raised inside a ctypes callback (llama.cpp's logging or load progress) would be printed
 # and dropped by ctypes. So while llama.cpp runs (`_in_c` > 0) our SIGINT handler only notes it;
 # the progress callback then aborts a load, and KeyboardInterrupt is raised once the C call returns.
@@ -141,13 +142,11 @@ def set_mode(mode: str) -> None:
     _mode = mode
 
 
-def resolve_flash_attn(flash_attn: FlashAttn, remote: bool = False) -> FlashAttn:
+def resolve_flash_attn(flash_attn: FlashAttn, on_cpu: bool = True) -> FlashAttn:
     """'auto' is 'off' where every layer runs on this machine's CPU: llama.cpp's CPU flash-attention
     path made verification passes slower at every row count measured (docs/kernels.md); on GPU or
     RPC devices llama.cpp decides. 'on' and 'off' are kept."""
-    if flash_attn == "auto" and not remote and not backend_info().others and not env.gpu_layers():
-        return "off"
-    return flash_attn
+    return "off" if flash_attn == "auto" and on_cpu else flash_attn
 
 
 def mode() -> str:
@@ -178,8 +177,11 @@ def lib() -> ModuleType:
             global _interrupted
             try:
                 # Keep the last lines so a failed load can say why, without flooding the terminal.
-                _log_tail.append(text.decode("utf-8", "replace"))
+                line = text.decode("utf-8", "replace")
+                _log_tail.append(line)
                 del _log_tail[:-20]
+                if "offloaded " in line and " layers to GPU" in line:
+                    _offloaded[:] = [line]
             except KeyboardInterrupt:
                 _interrupted = True
 
@@ -266,6 +268,9 @@ class Model:
     """
 
     rpc_servers: tuple[str, ...] = ()  # HOST:PORT of the rpc-servers holding the layers (edgespec.runtime.rpc)
+    device: str = backend.CPU_DEVICE  # where the layers run: 'cpu', 'Vulkan0', 'CUDA0', ... ('rpc': rpc_servers)
+    device_description: str = ""
+    layers_on_device: str = "0"  # llama.cpp's count of layers offloaded to `device`, as "N/M"
 
     def __init__(
         self,
@@ -278,13 +283,14 @@ class Model:
         repack: bool = True,
         progress: Callable[[float], None] | None = None,
         devices: Sequence[int] = (),
+        device: str | None = None,
     ) -> None:
         p = check_gguf_file(path)
         llama = lib()
         self.path = str(p)
-        self._load_weights(llama, p, repack, devices, progress)
+        self._load_weights(llama, p, repack, devices, device, progress)
         n_threads = n_threads or max(1, len(os.sched_getaffinity(0)))
-        flash_attn = resolve_flash_attn(flash_attn, bool(devices))
+        flash_attn = resolve_flash_attn(flash_attn, on_cpu=not devices and self.device == backend.CPU_DEVICE)
         self._create_context(llama, p, n_ctx, n_batch, n_threads, flash_attn)
         self.n_ctx = llama.llama_n_ctx(self._ctx)
         # llama.cpp may shrink the batch (never above the requested context); decode must not exceed it.
@@ -299,18 +305,32 @@ class Model:
         self.n_embd = llama.llama_model_n_embd(self._model)
         self._embeddings_on = False
 
-    def _load_weights(self, llama: ModuleType, p: Path, repack: bool, devices: Sequence[int],
+    def _load_weights(self, llama: ModuleType, p: Path, repack: bool, devices: Sequence[int], device: str | None,
                       progress: Callable[[float], None] | None) -> None:
-        """Load the GGUF file into `_model` (and its vocabulary): on this machine's CPU unless
-        EDGESPEC_GPU_LAYERS says otherwise, or every layer on `devices`. Ctrl-C aborts the load."""
+        """Load the GGUF file into `_model` (and its vocabulary): every layer on `device` (a name
+        from `backend.devices()`; None: the default, a GPU where one loads, else the CPU), as many
+        as EDGESPEC_GPU_LAYERS says on a GPU; or every layer on `devices` (ggml_backend_dev_t handles
+        of RPC servers). Ctrl-C aborts the load."""
         mparams = llama.llama_model_default_params()
-        mparams.n_gpu_layers = env.gpu_layers()
         # Repacked (interleaved) weight layouts use other kernels; exact mode turns them off.
         mparams.use_extra_bufts = repack
-        if devices:  # ggml_backend_dev_t handles (RPC servers): every layer goes to them
-            device_list = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)  # NULL-terminated
-            mparams.devices = ctypes.cast(device_list, ctypes.c_void_p)
-            mparams.n_gpu_layers = -1
+        if devices:  # every layer goes to them
+            handles, layers = list(devices), -1
+            self.device, self.device_description = "rpc", "llama.cpp rpc-server"
+        else:
+            if _mode == "exact" and device is not None and device.strip().lower() != backend.CPU_DEVICE:
+                raise EdgeSpecError(f"exact mode runs on the CPU only (its guarantee is about the CPU's kernels), "
+                                    f"not on {device}")
+            dev = backend.choose_device(backend.CPU_DEVICE if _mode == "exact" else device)
+            self.device, self.device_description = dev.name, dev.description
+            handles = [] if dev.handle is None else [dev.handle]
+            layers = 0 if dev.handle is None else env.gpu_layers()
+        # The model uses exactly these devices (NULL-terminated; empty: the CPU only), never
+        # llama.cpp's default of every GPU it found.
+        self._device_list = (ctypes.c_void_p * (len(handles) + 1))(*handles, None)
+        mparams.devices = ctypes.cast(self._device_list, ctypes.c_void_p)
+        mparams.n_gpu_layers = -1 if layers is None else layers
+        _offloaded.clear()
 
         @llama.llama_progress_callback
         def _progress(fraction: float, user_data: ctypes.c_void_p) -> bool:
@@ -335,6 +355,8 @@ class Model:
             raise EdgeSpecError(f"llama.cpp could not load {p.name}: {_last_llama_error()}")
         self._vocab = llama.llama_model_get_vocab(self._model)
         self.n_vocab = llama.llama_vocab_n_tokens(self._vocab)
+        # "load_tensors: offloaded 31/31 layers to GPU": what llama.cpp put on the device
+        self.layers_on_device = _offloaded[0].split("offloaded ")[1].split(" ")[0] if _offloaded else "0"
 
     def _create_context(self, llama: ModuleType, p: Path, n_ctx: int, n_batch: int, n_threads: int,
                         flash_attn: FlashAttn) -> None:

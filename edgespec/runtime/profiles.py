@@ -6,8 +6,9 @@ A profile is measured the first time a model runs with a given set-up and kept u
 ~/.cache/edgespec/profiles. A profile measured afresh in every process would differ a little from
 run to run, and gamma auto's draft lengths with it; stored, the same command gives the same text.
 The key holds everything the costs depend on: the weights file, threads, flash attention, weight
-repacking, the llama.cpp build, the CPU kernel variant and the processor, so a profile measured on
-one CPU is never used on another.
+repacking, the llama.cpp build, the CPU kernel variant and the processor, and the device the layers
+run on (its name and description, and how many layers are there), so a profile measured on one CPU
+or GPU is never used on another: gamma auto plans with the T(K) of the device it runs on.
 
 A profile measured while something else loaded the machine is wrong for as long as it is kept, so
 it is checked against the single-token passes every generation times anyway
@@ -37,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgespec.runtime import env
+from edgespec.runtime import backend, env
 from edgespec.runtime import llama as runtime
 from edgespec.runtime.exactness import PROBE_TEXT, probe_batch_invariance
 from edgespec.runtime.llama import Model
@@ -186,6 +187,8 @@ def _key(model: Model) -> str:
         getattr(runtime.lib(), "__version__", ""), be.mode, be.variant, be.module, be.kernels, be.cpu.signature,
         sorted(os.sched_getaffinity(0)), PROFILE_VERSION, CONTEXT_AT,
     ]
+    if model.device != backend.CPU_DEVICE:  # the passes run there (CPU keys stay as they were)
+        parts.append([model.device, model.device_description, model.layers_on_device])
     if model.rpc_servers:  # the passes run there: T(K) includes the network round trips
         parts.append(list(model.rpc_servers))
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
@@ -241,6 +244,7 @@ class Profile:
             tmp.write_text(json.dumps({
                 "model": model.path, "threads": model.n_threads, "flash_attn": model.flash_attn,
                 "repack": model.repack, "mode": be.mode, "cpu_variant": be.variant, "cpu": be.cpu.model,
+                "device": model.device, "device_description": model.device_description,
                 "measured": time.strftime("%Y-%m-%d %H:%M:%S"), "max_rows": self.max_rows,
                 "pass_s": {str(k): v for k, v in sorted(self.pass_s.items())},
                 "partial": {str(k): v for k, v in sorted(self.partial.items()) if v},

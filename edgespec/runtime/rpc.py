@@ -289,6 +289,7 @@ class RemoteModel(Model):
         llama = runtime.lib()
         self.path = str(p)
         self.rpc_servers = tuple(endpoints)
+        self.device, self.device_description = "rpc", ", ".join(self.rpc_servers)
         check_endpoints(self.rpc_servers)
         mparams = llama.llama_model_default_params()
         mparams.vocab_only = True  # the weights are read by the worker and sent to the servers

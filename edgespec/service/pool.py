@@ -125,6 +125,26 @@ class ModelPool:
         with self._cond:
             return [f"{Path(k).name} x{len(v)}" for k, v in self._entries.items() if v]
 
+    def use_device(self, device: str | None) -> None:
+        """Load models on `device` from now on (RuntimeOptions.device; None: the default): the
+        sessions loaded on another device are closed. Refused while a generation holds one."""
+        from dataclasses import replace
+
+        from edgespec.runtime import backend
+        from edgespec.runtime import llama as runtime
+
+        if device == self.opts.device:
+            return
+        opts = replace(self.opts, device=device)  # a bad combination (--exact on a GPU) fails here
+        if device is not None:
+            runtime.lib()
+            backend.choose_device(device)  # an unknown name fails here, before anything is closed
+        with self._cond:
+            if self.active():
+                raise EdgeSpecError("a generation is running; change the device when it has finished")
+            self.opts = opts
+        self.close()
+
     def close(self) -> None:
         """Close every idle session (busy ones are left to finish)."""
         with self._cond:

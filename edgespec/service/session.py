@@ -213,6 +213,8 @@ class Reply:
     policy: dict = field(default_factory=dict)
     costs: CostModel | None = None
     target: str = ""
+    device: str = ""  # where the target's layers ran ('cpu', 'Vulkan0', ...)
+    device_layers: str = ""  # how many of them llama.cpp put there ("31/31"; "0" on the CPU)
 
     def add(self, tokens: Sequence[int], sources: Sequence[str], pieces: Sequence[str], drafted_by: Sequence[str],
             stats: Stats, finish: str | None) -> None:
@@ -269,7 +271,7 @@ class Reply:
             "draft": self.drafter,
             "gamma": self.gamma,
             "exact": be.mode == "exact",
-            "backend": be.to_dict(),
+            "backend": {**be.to_dict(), "device": self.device, "device_layers": self.device_layers},
             "stats": self.stats.to_dict(),
             "speedup": {"predicted": self.predicted_speedup, "measured": self.measured_speedup},
             "draft_cap": None if self.costs is None else self.costs.draft_cap,
@@ -361,7 +363,8 @@ class Session:
         begin one, so events and reply carry only what can be shown."""
         framed, engine = prepared or self.prepare(req)
         reply = Reply(framing=framed.framing, note=framed.note, drafter=engine.drafter_name,
-                      gamma=engine.policy.label, costs=engine.costs, target=self.target.path)
+                      gamma=engine.policy.label, costs=engine.costs, target=self.target.path,
+                      device=self.target.device, device_layers=self.target.layers_on_device)
         try:
             for ev in engine.generate(framed.tokens, req.config(framed.stop), stop):
                 reply.add(ev.tokens, ev.sources, ev.pieces, ev.drafted_by, ev.stats, ev.finish_reason)

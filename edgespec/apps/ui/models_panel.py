@@ -118,15 +118,28 @@ def _local(name: str) -> Path:
     return Path(path)
 
 
-def load_pair(ctx: AppContext, target: str, draft: str, progress: gr.Progress) -> str:
-    """Load the target (and draft model) into the pool; returns a Markdown status. A pair that
-    cannot work together is reported with the rule it breaks, before anything is loaded."""
+def device_choices(ctx: AppContext) -> tuple[list[tuple[str, str]], str]:
+    """(label, name) of each device a model can run on, and the one models load on now."""
+    from edgespec.runtime import backend
+    from edgespec.runtime import llama as runtime
+
+    runtime.lib()
+    current = ctx.opts.device or backend.choose_device(None).name
+    return [(d.line(), d.name) for d in backend.devices()], current
+
+
+def load_pair(ctx: AppContext, target: str, draft: str, progress: gr.Progress, device: str | None = None) -> str:
+    """Load the target (and draft model) into the pool, on `device` (None: where the pool loads now);
+    returns a Markdown status. A pair that cannot work together is reported with the rule it breaks,
+    before anything is loaded."""
     from edgespec.models.inspect import pairing_from_metadata
 
     target = (target or "").strip()
     draft = (draft or "").strip()
     if not target:
         raise EdgeSpecError("pick a target model first")
+    if device:
+        ctx.pool.use_device(device)
     lines = []
     if draft:
         if GGUF_DRAFTER not in drafters.kinds():
@@ -138,7 +151,8 @@ def load_pair(ctx: AppContext, target: str, draft: str, progress: gr.Progress) -
     progress(0.0, desc=f"loading {Path(target).name}")
     t0 = time.perf_counter()
     with ctx.pool.lease(target, lambda f: progress(0.9 * f, desc=f"loading {Path(target).name}")) as session:
-        lines.insert(0, f"**target** {describe(session.target, time.perf_counter() - t0)}")
+        lines.insert(0, f"**target** {describe(session.target, time.perf_counter() - t0)} | on "
+                        f"{session.target.device} ({session.target.layers_on_device} layers offloaded)")
         if draft:
             progress(0.9, desc=f"loading draft {Path(draft).name}")
             t1 = time.perf_counter()
@@ -188,6 +202,9 @@ def build_models_tab(ctx: AppContext) -> tuple[gr.Dropdown, gr.Dropdown]:
                              label="Target model", elem_id="es-target")
         draft = gr.Dropdown([""] + choices, value=_draft_default(ctx), allow_custom_value=True,
                             label="Draft model (optional)", elem_id="es-draft-model")
+    devices, current = device_choices(ctx)
+    device = gr.Dropdown(devices, value=current, label="Device (where the target's and draft model's layers run)",
+                         elem_id="es-device")
     with gr.Row():
         load = gr.Button("Load and check pair", variant="primary")
         rescan = gr.Button("Rescan edgespec/models/")
@@ -200,9 +217,9 @@ def build_models_tab(ctx: AppContext) -> tuple[gr.Dropdown, gr.Dropdown]:
         fetch = gr.Button("Install", elem_id="es-install")
     fetched = gr.Markdown("", elem_id="es-download-status")
 
-    def load_fn(target_: str, draft_: str, progress: gr.Progress = PROGRESS) -> str:
+    def load_fn(target_: str, draft_: str, device_: str, progress: gr.Progress = PROGRESS) -> str:
         try:
-            return load_pair(ctx, target_, draft_, progress)
+            return load_pair(ctx, target_, draft_, progress, device_)
         except Exception as exc:  # a broken file or a bad pair must not take the app down
             return _error_html(exc)
 
@@ -220,7 +237,7 @@ def build_models_tab(ctx: AppContext) -> tuple[gr.Dropdown, gr.Dropdown]:
         return (f"installed {name}: {where}", gr.update(choices=found),
                 gr.update(choices=[""] + found), catalog_frame())
 
-    load.click(load_fn, [target, draft], status, api_name="load_models")
+    load.click(load_fn, [target, draft, device], status, api_name="load_models")
     rescan.click(rescan_fn, None, [target, draft, table], api_name="rescan")
     fetch.click(fetch_fn, pick, [fetched, target, draft, table], api_name="download")
     return target, draft

@@ -86,6 +86,8 @@ def stats_line(tr: Tracker) -> str:
     if r.policy.get("fallback"):  # why gamma auto drafted little or nothing (adaptive.AutoGamma.decline)
         parts.append(r.policy["fallback"])
     parts.append(f"framing {r.framing}")
+    if r.device:
+        parts.append(f"device {r.device}")
     reason = r.finish_reason
     if reason == "stopped":
         parts.append("stopped")

@@ -36,24 +36,30 @@ from edgespec.models.gguf_tensors import TargetTensors
 from edgespec.runtime import env
 from edgespec.runtime.errors import EdgeSpecError, one_line
 
-# Execution providers in order of preference: the first one ONNX Runtime offers here is used.
+# Execution providers in order of preference: the first one ONNX Runtime offers here is used. CUDA
+# only beside a target on a CUDA device (the drafter's tensors then stay on the GPU the target uses;
+# beside a CPU target, a GPU round trip per drafted token costs more than the small head saves).
 PROVIDERS = ("CUDAExecutionProvider", "DmlExecutionProvider", "CoreMLExecutionProvider", "QNNExecutionProvider",
              "CPUExecutionProvider")
 
 
 # ----------------------------------------------------------------------------- ONNX Runtime
-def pick_providers(available: Sequence[str], forced: str | None = None) -> list[str]:
-    """The execution providers to ask for, best first (EDGESPEC_ORT_PROVIDER forces one)."""
+def pick_providers(available: Sequence[str], forced: str | None = None, device: str = "cpu") -> list[str]:
+    """The execution providers to ask for, best first, for a target on `device` (EDGESPEC_ORT_PROVIDER
+    forces one)."""
     if forced:
         if forced not in available:
             raise EdgeSpecError(f"ONNX Runtime has no {forced} here (it has: {', '.join(available)})")
         return [forced] if forced == "CPUExecutionProvider" else [forced, "CPUExecutionProvider"]
-    chosen = [p for p in PROVIDERS if p in available]
+    cuda = device.upper().startswith("CUDA")
+    chosen = [p for p in PROVIDERS if p in available and (cuda or p != "CUDAExecutionProvider")]
     return chosen or ["CPUExecutionProvider"]
 
 
-def open_session(onnx_path: Path, threads: int = 1):
-    """An ONNX Runtime session on the best provider here; a corrupt file is a one-line error."""
+def open_session(onnx_path: Path, threads: int = 1, device: str = "cpu"):
+    """An ONNX Runtime session on the best provider here for a target on `device`; a corrupt file is
+    a one-line error. Without a working CUDA driver ONNX Runtime falls back to the CPU silently:
+    `session.get_providers()[0]` says which provider runs (the drafter's name shows it)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -62,7 +68,7 @@ def open_session(onnx_path: Path, threads: int = 1):
     # llama.cpp's threads run right after each draft: spinning ORT workers would steal their cores.
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.log_severity_level = 3
-    providers = pick_providers(ort.get_available_providers(), env.text("EDGESPEC_ORT_PROVIDER"))
+    providers = pick_providers(ort.get_available_providers(), env.text("EDGESPEC_ORT_PROVIDER"), device)
     if not onnx_path.is_file():
         raise EdgeSpecError(f"{onnx_path.parent.name} has no {onnx_path.name}")
     try:
@@ -83,7 +89,7 @@ class LearnedDrafter:
         if int(self.manifest.n_embd) != target.n_embd:
             raise EdgeSpecError(f"the learned drafter {folder.name} expects hidden size {self.manifest.n_embd}, "
                                 f"the target has {target.n_embd}")
-        self.session = open_session(folder / self.manifest.onnx)
+        self.session = open_session(folder / self.manifest.onnx, device=target.device)
         names = {i.name for i in self.session.get_inputs()}
         if names != set(INPUTS):
             raise EdgeSpecError(f"{folder / self.manifest.onnx} has inputs {sorted(names)}, not {' and '.join(INPUTS)}")
