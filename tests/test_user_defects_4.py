@@ -155,7 +155,7 @@ def test_an_empty_variable_is_an_unset_one(monkeypatch):
     for name in ("EDGESPEC_PROFILES", "EDGESPEC_GPU_LAYERS", "EDGESPEC_RPC_TIMEOUT", "EDGESPEC_KERNELS"):
         monkeypatch.setenv(name, " ")
     assert profiles.profile_dir() == home / "profiles"
-    assert env.gpu_layers() == 0 and env.kernels() == "smallbatch"
+    assert env.gpu_layers() is None and env.kernels() == "smallbatch"
 
 
 def test_environment_variables_are_read_in_one_place():
