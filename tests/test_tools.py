@@ -151,6 +151,7 @@ def test_prefix_of_a_tool_conversation_stays_put(smollm2):
 QWEN = resolve_local("qwen2.5-coder-1.5b")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(QWEN is None, reason="the real pair is not installed: python app.py models install coder-pair")
 def test_qwen_renders_tools_calls_and_results_in_its_own_sections():
     from edgespec.runtime.llama import Model
