@@ -64,3 +64,25 @@ def test_the_wrapped_drafter_proposes_where_the_prediction_does_not_match():
     assert draft.tokens.tolist() == [3, 4, 5] and draft.source == "ngram"  # provenance names it
     step(d, ctx, [3, 100, 101])  # the prediction's first two tokens: it proposes again
     assert d.propose(ctx, 3).tokens.tolist() == PRED[2:5] and d.hint(ctx).source == PREDICTION
+
+
+def test_gamma_auto_drafts_a_confident_prediction_long():
+    """A prediction that keeps coming true is drafted longer than a short n-gram match would be, from the
+    same cost profile; the first proposal is planned from the prior without a probe."""
+    from edgespec.core.adaptive import AutoGamma
+    from edgespec.core.costs import CostModel
+
+    cm = CostModel({k: 0.01 * (1 + 0.1 * (k - 1)) for k in (1, 2, 3, 5, 9, 17)})  # batching is cheap here
+    d = PredictionDrafter(PRED)
+    d.begin(PROMPT, SamplingParams())
+    ctx = list(PROMPT)
+    policy = AutoGamma()
+    policy.start(cm)
+    first = policy.choose(d.hint(ctx))
+    assert first > 2
+    for i in range(0, 24, 8):
+        step(d, ctx, PRED[i : i + 8])
+    later = policy.choose(d.hint(ctx))
+    short_match = AutoGamma()
+    short_match.start(cm)
+    assert later >= first > short_match.choose(Hint(2, copies=True))
