@@ -281,32 +281,39 @@ def _conversation(body: ChatBody) -> tuple[str | None, list[dict[str, Any]]]:
     system_parts: list[str] = []
     messages: list[dict[str, Any]] = []
     for i, m in enumerate(body.messages):
-        where = f"messages.{i}"
         if m.role == "assistant" and m.tool_calls:
-            text = "" if m.content is None else _text(m.content, where)
-            messages.append({"role": "assistant", "content": text,
-                             "tool_calls": [_history_call(c, f"{where}.tool_calls.{j}") for j, c in enumerate(m.tool_calls)]})
+            messages.append(_calls_turn(m, f"messages.{i}"))
             continue
-        text = _text(m.content, where)
+        text = _text(m.content, f"messages.{i}")
         if m.role in ("system", "developer"):
             if messages:
-                raise ApiError(400, f"{where}: system messages must come before the conversation",
-                               param=f"{where}.role")
+                raise ApiError(400, f"messages.{i}: system messages must come before the conversation",
+                               param=f"messages.{i}.role")
             system_parts.append(text)
         elif m.role in ("user", "assistant"):
             messages.append({"role": m.role, "content": text})
         elif m.role == "tool":
-            if not m.tool_call_id:
-                raise ApiError(400, f"{where}: a tool message needs the tool_call_id of the call it answers",
-                               param=f"{where}.tool_call_id")
-            messages.append({"role": "tool", "content": text, "tool_call_id": m.tool_call_id,
-                             **({"name": m.name} if m.name else {})})
+            messages.append(_tool_turn(m, text, f"messages.{i}"))
         else:
-            raise ApiError(400, f"{where}: role {m.role!r} is not supported (system, user, assistant, tool)",
-                           param=f"{where}.role")
+            raise ApiError(400, f"messages.{i}: role {m.role!r} is not supported (system, user, assistant, tool)",
+                           param=f"messages.{i}.role")
     if not messages:
         raise ApiError(400, "messages: the conversation has no user message", param="messages")
     return ("\n\n".join(system_parts) if system_parts else None), messages
+
+
+def _calls_turn(m: Message, where: str) -> dict[str, Any]:
+    """An assistant turn with tool calls (its content may be null)."""
+    return {"role": "assistant", "content": "" if m.content is None else _text(m.content, where),
+            "tool_calls": [_history_call(c, f"{where}.tool_calls.{j}") for j, c in enumerate(m.tool_calls or ())]}
+
+
+def _tool_turn(m: Message, text: str, where: str) -> dict[str, Any]:
+    """A tool result, answering the call its tool_call_id names."""
+    if not m.tool_call_id:
+        raise ApiError(400, f"{where}: a tool message needs the tool_call_id of the call it answers",
+                       param=f"{where}.tool_call_id")
+    return {"role": "tool", "content": text, "tool_call_id": m.tool_call_id, **({"name": m.name} if m.name else {})}
 
 
 def _history_call(call: MessageToolCall, where: str) -> dict[str, Any]:
