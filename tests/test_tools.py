@@ -164,5 +164,13 @@ def test_qwen_renders_tools_calls_and_results_in_its_own_sections():
         text = qwen.render_special(frame(qwen, Request(messages=HISTORY, tools=[WEATHER])).tokens)
         assert "# Tools" in text and '"name": "get_weather"' in text and "<tool_response>" in text
         assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in text
+        # the grammar names the tags as Qwen's own tokens, so the call the model writes is admitted
+        from llguidance.llamacpp import lltokenizer_from_vocab
+
+        tok = lltokenizer_from_vocab(qwen._vocab)
+        req = with_tool_grammar(qwen, Request(messages=HISTORY[:1], tools=[WEATHER], tool_choice="required"))
+        assert "start: call" in req.grammar and "<tool_call> " in req.grammar
+        assert matcher_accepts(tok, req.grammar, qwen, CALL)
+        assert not matcher_accepts(tok, req.grammar, qwen, CALL.replace("get_weather", "get_time"))
     finally:
         qwen.close()

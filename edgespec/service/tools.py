@@ -201,9 +201,13 @@ def tool_call_grammar(tools: Sequence[dict], name: str | None = None, *, paralle
 
 
 def tags_are_tokens(model: Model) -> bool:
-    """Whether the model's vocabulary writes the call tags as single special tokens."""
-    return all(len(model.tokenize(t, add_special=False, parse_special=True)) == 1
-               < len(model.tokenize(t, add_special=False)) for t in (OPEN, CLOSE))
+    """Whether the model's vocabulary has the call tags as tokens of their own (added tokens, which
+    llguidance, like llama.cpp, takes as special tokens when they look like <...>)."""
+    def single(tag: str) -> bool:
+        ids = model.tokenize(tag, add_special=False, parse_special=True)
+        return len(ids) == 1 and model.token_text(ids[0]) == tag
+
+    return single(OPEN) and single(CLOSE)
 
 
 # ----------------------------------------------------------------------------- rendering
