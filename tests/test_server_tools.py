@@ -18,15 +18,17 @@ FIXED = {"gamma": 4}  # a fixed draft length: what is drafted does not hang on t
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
-# An earlier exchange in the conversation shows the model the call format, so the bundled 135M model
+# Two earlier exchanges in the conversation show the model the call format, so the bundled 135M model
 # (whose template has no tools section) calls the tool again for the next city.
-EARLIER = [
-    {"role": "user", "content": "What is the weather in Paris?"},
-    {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_a1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
-    {"role": "tool", "tool_call_id": "call_a1", "content": '{"temp_c": 18, "sky": "clear"}'},
-    {"role": "assistant", "content": "It is 18 C and clear in Paris."},
-]
+def exchange(city: str, n: int) -> list[dict]:
+    return [{"role": "user", "content": f"What is the weather in {city}?"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": f"call_a{n}", "type": "function", "function": {
+                "name": "get_weather", "arguments": json.dumps({"city": city})}}]},
+            {"role": "tool", "tool_call_id": f"call_a{n}", "content": '{"temp_c": 18, "sky": "clear"}'},
+            {"role": "assistant", "content": f"It is 18 C and clear in {city}."}]
+
+
+EARLIER = exchange("Paris", 1) + exchange("Berlin", 2)
 ASK = {"role": "user", "content": "What is the weather in London?"}
 # the engine holds the output to a grammar once the grammar constraint (issue 42, item 3) is in
 GRAMMAR_ENGINE = importlib.util.find_spec("edgespec.service.structured") is not None
@@ -35,14 +37,15 @@ GRAMMAR_ENGINE = importlib.util.find_spec("edgespec.service.structured") is not 
 @pytest.fixture(scope="module")
 def server():
     served = start_server("--target", MODEL, "--draft", "ngram", "--ctx", "2048", "--flash-attn", "off",
-                          "--threads", "1", "--api-key", KEY)
+                          "--threads", "1", "--api-key", KEY, timeout=600)  # a loaded machine starts slowly
     served.client = served.client.with_options(api_key=KEY)
     yield served
     stop_server(served)
 
 
 def create(server, messages, **kw):
-    return server.client.chat.completions.create(model=MODEL, messages=messages, max_tokens=48, temperature=0,
+    kw.setdefault("max_tokens", 48)
+    return server.client.chat.completions.create(model=MODEL, messages=messages, temperature=0,
                                                  extra_body={**FIXED, **kw.pop("extra_body", {})}, **kw)
 
 
@@ -120,22 +123,15 @@ def test_required_and_named_tool_choice_always_call(server):
 
 
 # ----------------------------------------------------------------------------- predicted outputs
-SOURCE = '''def total(prices, tax):
-    s = 0
-    for p in prices:
-        s += p
-    return s * (1 + tax)
-
-
-def mean(values):
-    return sum(values) / len(values)
-'''
-REWRITE = ("Rename the function `total` to `grand_total`. Answer with the whole file and nothing else.\n\n```python\n"
-           + SOURCE + "```")
+# The bundled 135M model rewrites what it is asked to repeat a little (it drops "near the river bank"
+# and "long, and"): the prediction, the text as sent, is followed, left at each edit and found again.
+PASSAGE = ("The quick brown fox jumps over the lazy dog near the river bank. The dog sleeps in the sun all day "
+           "long, and the fox runs back to the forest before night falls.")
+REWRITE = "Repeat exactly: " + PASSAGE
 
 
 def test_a_prediction_is_drafted_first_and_reported_in_usage(server):
-    predicted = "```python\n" + SOURCE.replace("def total", "def grand_total") + "```"
+    predicted = PASSAGE
     r = create(server, [{"role": "user", "content": REWRITE}], max_tokens=120,
                extra_body={"prediction": {"type": "content", "content": predicted}, "gamma": 8})
     t, prov = r.model_extra["timings"], r.model_extra["edgespec"]
@@ -153,9 +149,9 @@ def test_a_prediction_is_drafted_first_and_reported_in_usage(server):
 
 @pytest.mark.slow  # a server in exact mode (its cost profile probes batch invariance)
 def test_exact_mode_text_with_a_prediction_is_plain_decodings():
-    served = start_server("--target", MODEL, "--draft", "ngram", "--ctx", "1024", "--exact", "--threads", "1")
+    served = start_server("--target", MODEL, "--draft", "ngram", "--ctx", "1024", "--exact", "--threads", "1", timeout=600)
     try:
-        predicted = {"type": "content", "content": SOURCE.replace("def total", "def grand_total")}
+        predicted = {"type": "content", "content": PASSAGE}
         runs = {}
         for name, extra in [("plain", {"draft": "none"}), ("prediction+ngram", {"prediction": predicted}),
                             ("prediction", {"draft": "none", "prediction": predicted})]:
