@@ -338,7 +338,7 @@ def test_bad_requests_are_openai_shaped_4xx(server):
         ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": "many"}, "max_tokens"),
         ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, "temperature"),
         ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "top_p": 0}, "top_p"),
-        ({"model": MODEL, "messages": [{"role": "tool", "content": "hi"}]}, "messages.0.role"),
+        ({"model": MODEL, "messages": [{"role": "function", "content": "hi"}]}, "messages.0.role"),
         ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "n": 2}, "n"),
         ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "draft": "model:/etc/passwd"}, "draft"),
         ({"model": MODEL, "messages": []}, "messages"),

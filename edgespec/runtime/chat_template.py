@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from edgespec.runtime.errors import EdgeSpecError, one_line
 
@@ -59,10 +59,13 @@ def _compile_template(template: str) -> Template:
     return _template_env().from_string(template)
 
 
-def render_chat_template(template: str, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True,
-                         bos_token: str = "", eos_token: str = "", name: str = "this model") -> str:
+def render_chat_template(template: str, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True,
+                         bos_token: str = "", eos_token: str = "", name: str = "this model",
+                         tools: Sequence[dict[str, Any]] | None = None) -> str:
     """Render a chat template (Jinja, as stored in GGUF metadata) in the sandbox; any refusal or
-    failure is an EdgeSpecError naming the model."""
+    failure is an EdgeSpecError naming the model. `tools` (OpenAI function tools) go to the template
+    as `tools`, as transformers and llama-server pass them; a template without a tools section
+    ignores them."""
     try:
         from jinja2.exceptions import SecurityError, TemplateError, TemplateSyntaxError
     except ImportError:  # pragma: no cover - jinja2 comes with gradio
@@ -72,8 +75,9 @@ def render_chat_template(template: str, messages: Sequence[dict[str, str]], *, a
     except TemplateSyntaxError as exc:
         raise EdgeSpecError(f"the chat template of {name} is not valid Jinja: {exc.message}") from None
     try:
+        extra = {} if tools is None else {"tools": [dict(t) for t in tools]}
         return compiled.render(messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
-                               bos_token=bos_token, eos_token=eos_token)
+                               bos_token=bos_token, eos_token=eos_token, **extra)
     except SecurityError as exc:
         raise EdgeSpecError(f"the chat template of {name} was refused by the sandbox: {one_line(exc)}") from None
     except TemplateError as exc:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from types import ModuleType
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -468,11 +468,13 @@ class Model:
         tmpl = lib().llama_model_chat_template(self._model, None)
         return tmpl.decode("utf-8", "replace") if tmpl else None
 
-    def apply_chat_template(self, messages: Sequence[dict[str, str]], add_assistant: bool = True) -> str:
+    def apply_chat_template(self, messages: Sequence[dict[str, Any]], add_assistant: bool = True,
+                            tools: Sequence[dict[str, Any]] | None = None) -> str:
         """Render messages with the chat template stored in the GGUF metadata: the Jinja template
         itself, run in a sandbox (`render_chat_template`), as transformers and llama-server do, so
         the prompt is exactly the model author's format (SmolLM2's template, for one, adds its
-        default system message when there is none)."""
+        default system message when there is none). `tools`: OpenAI function tools, passed to the
+        template as `tools`."""
         tmpl = self.chat_template()
         if tmpl is None:
             raise EdgeSpecError(f"{Path(self.path).name} has no chat template in its metadata; drop --chat")
@@ -480,6 +482,7 @@ class Model:
         return render_chat_template(
             tmpl, messages, add_generation_prompt=add_assistant, name=Path(self.path).name,
             bos_token=self.token_text(bos) if bos >= 0 else "", eos_token=self.token_text(eos) if eos >= 0 else "",
+            tools=tools,
         )
 
     # ----------------------------------------------------------------------------- cache

@@ -23,6 +23,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +31,7 @@ from edgespec.core import drafters as registry
 from edgespec.core.adaptive import AutoGamma
 from edgespec.core.costs import GAMMA_MAX, CostModel
 from edgespec.core.drafters import Drafter
+from edgespec.core.drafters.prediction import PredictionDrafter
 from edgespec.core.engine import (
     DEFAULT_MAX_TOKENS,
     VERIFIERS,
@@ -45,6 +47,7 @@ from edgespec.models.loader import RuntimeOptions, load_model
 from edgespec.runtime import llama as runtime
 from edgespec.runtime.errors import EdgeSpecError
 from edgespec.runtime.llama import Model
+from edgespec.service import tools as tooling
 
 # How a prompt becomes tokens (`frame`):
 #   chat        the model's own chat template from its GGUF metadata
@@ -96,7 +99,9 @@ class Request:
     """One generation, as any consumer asks for it. Exactly one of `text` and `messages`."""
 
     text: str | None = None
-    messages: list[dict[str, str]] | None = None  # conversation ending with the user's turn
+    # The conversation, ending with the user's turn or tool results: {"role", "content"}, an assistant
+    # turn may hold "tool_calls" (OpenAI's shape, arguments as a JSON value), a "tool" turn "tool_call_id".
+    messages: list[dict[str, Any]] | None = None
     system: str | None = None
     framing: str = DEFAULT_FRAMING
     draft: str = DEFAULT_DRAFT  # 'none' | a registered drafter name[:ARG] | a draft model name or path
@@ -111,6 +116,19 @@ class Request:
     # Whose earlier answers a drafter that learns from them reads and adds to ('' = this machine's
     # user; the server: a digest of the client's API key): one owner's answers never draft for another.
     owner: str = ""
+    # OpenAI function tools ({"type": "function", "function": {"name", "description", "parameters"}}),
+    # shown to the model through its chat template (`tools.render`), and whether it may call them:
+    # 'auto', 'none' (not shown), 'required' (a call of any of them) or {"type": "function",
+    # "function": {"name": ...}} (a call of that one); the last two constrain the output (`grammar`).
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] = tooling.AUTO
+    parallel_tool_calls: bool = True  # a constrained answer may hold several calls
+    # An llguidance grammar (what llguidance.LLMatcher accepts) the output is held to; None: free text.
+    # A request that must call a tool gets one for its call (`with_tool_grammar`).
+    grammar: str | None = None
+    # The text the answer is expected to be (OpenAI's predicted outputs): drafted from first where
+    # the answer follows it (`PredictionDrafter`).
+    prediction: str | None = None
 
     def __post_init__(self) -> None:
         if (self.text is None) == (self.messages is None):
@@ -118,10 +136,11 @@ class Request:
         if self.text is not None and not self.text.strip():
             raise EdgeSpecError("the prompt is empty")
         if self.messages is not None:
-            if not self.messages or self.messages[-1].get("role") != "user":
-                raise EdgeSpecError("a conversation must end with the user's message")
-            if not str(self.messages[-1].get("content", "")).strip():
+            if not self.messages or self.messages[-1].get("role") not in ("user", "tool"):
+                raise EdgeSpecError("a conversation must end with the user's message (or tool results)")
+            if self.messages[-1]["role"] == "user" and not str(self.messages[-1].get("content", "")).strip():
                 raise EdgeSpecError("the message is empty")
+        tooling.check_choice(self.tools, self.tool_choice)
         if self.framing not in FRAMINGS:
             raise EdgeSpecError(f"framing must be one of {', '.join(FRAMINGS)}, got {self.framing!r}")
         if self.system and self.framing in ("qa", "raw"):
@@ -139,6 +158,17 @@ class Request:
         return GenerationConfig(max_tokens=self.max_tokens, sampling=self.sampling, verifier=self.verifier,
                                 reuse_prefix=self.reuse_prefix, stop_at_eog=self.stop_at_eog,
                                 stop_strings=self.stop + stop)
+
+
+def with_tool_grammar(model: Model, req: Request) -> Request:
+    """`req` with the grammar of a tool call when it must make one (tool_choice 'required' or a named
+    function) and holds no grammar of its own: the call format `tools.render` shows the model, the
+    arguments held to the function's schema."""
+    if req.grammar is not None or not req.tools or not tooling.must_call(req.tool_choice):
+        return req
+    grammar = tooling.tool_call_grammar(req.tools, tooling.choice_name(req.tool_choice),
+                                        parallel=req.parallel_tool_calls, tags_are_tokens=tooling.tags_are_tokens(model))
+    return replace(req, grammar=grammar)
 
 
 @dataclass
@@ -175,16 +205,24 @@ def frame(model: Model, req: Request) -> Framed:
                 "use framing transcript, qa or raw"
             )
         msgs = ([{"role": "system", "content": req.system}] if req.system else []) + list(messages)
-        rendered = model.apply_chat_template(msgs)
+        if req.tools or tooling.has_tool_turns(msgs):
+            rendered = tooling.render(model, msgs, tooling.shown_tools(req.tools, req.tool_choice))
+        else:
+            rendered = model.apply_chat_template(msgs)
         # A template that writes the BOS text itself must not get a second BOS from the tokenizer.
         info = model.info
         own_bos = info.add_bos and info.bos >= 0 and rendered.startswith(model.token_text(info.bos))
         return Framed(model.tokenize(rendered, add_special=not own_bos, parse_special=True), framing, ())
     if framing == "transcript":
-        lines = [req.system.strip(), ""] if req.system else []
-        for m in messages:
-            who = "User" if m["role"] == "user" else "Assistant"
-            lines.append(f"{who}: {m['content'].strip()}")
+        convo = ([{"role": "system", "content": req.system}] if req.system else []) + list(messages)
+        if req.tools or tooling.has_tool_turns(convo):  # no template: tools, calls and results as text
+            convo = tooling.polyfill(convo, tooling.shown_tools(req.tools, req.tool_choice), tooling.TEXT_ONLY)
+        lines = []
+        for m in convo:
+            if m["role"] == "system":
+                lines += [m["content"].strip(), ""]
+            else:
+                lines.append(f"{'User' if m['role'] == 'user' else 'Assistant'}: {m['content'].strip()}")
         text = "\n".join(lines) + "\nAssistant:"
         return Framed(model.tokenize(text, add_special=True), framing, (TRANSCRIPT_STOP,), note)
     if req.messages is not None and len(req.messages) > 1:
@@ -351,9 +389,13 @@ class Session:
 
     def prepare(self, req: Request) -> tuple[Framed, Engine]:
         """Tokens and an engine for `req` (loads a draft model and the cost profile if needed), so
-        a consumer can do the slow part before its clock starts."""
+        a consumer can do the slow part before its clock starts. A prediction drafts ahead of the
+        request's drafter (or alone, with draft 'none')."""
+        req = with_tool_grammar(self.target, req)
         framed = frame(self.target, req)
         drafter = self.drafter(req.draft, req.ngram, req.owner)
+        if req.prediction:
+            drafter = PredictionDrafter(self.target.tokenize(req.prediction, add_special=False), drafter)
         return framed, Engine(self.target, drafter, req.policy(), self.cost_model(drafter))
 
     def generate(self, req: Request, stop: threading.Event | None = None,
@@ -361,6 +403,7 @@ class Session:
         """Run `req`; yield each engine event with the reply folded so far. The engine ends the
         generation at the request's and the framing's stop strings and holds back text that may
         begin one, so events and reply carry only what can be shown."""
+        req = with_tool_grammar(self.target, req)
         framed, engine = prepared or self.prepare(req)
         reply = Reply(framing=framed.framing, note=framed.note, drafter=engine.drafter_name,
                       gamma=engine.policy.label, costs=engine.costs, target=self.target.path,
@@ -371,8 +414,11 @@ class Session:
                 reply.policy = engine.policy.snapshot() if engine.drafter is not None else {}
                 yield ev, reply
         finally:
-            if engine.drafter is not None and engine.drafter not in self._kept.values():
-                engine.drafter.close()
+            drafter = engine.drafter
+            if isinstance(drafter, PredictionDrafter):  # the prediction holds nothing; what it wraps may be kept
+                drafter = drafter.inner
+            if drafter is not None and drafter not in self._kept.values():
+                drafter.close()
         if engine.costs is not None:
             engine.costs.check_t1(self.target, reply.stats.plain_pass_s)
 

@@ -23,7 +23,18 @@ from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from edgespec.apps.args import api_keys, key_auth
-from edgespec.apps.server.protocol import ApiError, ChatBody, CompletionBody, Envelope, Kind, parse, sse, to_request
+from edgespec.apps.server.protocol import (
+    ApiError,
+    ChatBody,
+    Chunks,
+    CompletionBody,
+    Envelope,
+    Kind,
+    parse,
+    reads_calls,
+    sse,
+    to_request,
+)
 from edgespec.apps.server.worker import Busy, Closing, Job, Message, ModelSlot
 from edgespec.runtime.errors import one_line
 from edgespec.service.session import Request
@@ -199,7 +210,7 @@ async def generate(request: HTTPRequest, kind: Kind) -> Any:
     except BaseException:
         job.stop.set()
         raise
-    env = Envelope.new(kind, server.slot.id)
+    env = Envelope.new(kind, server.slot.id, tools=reads_calls(req))
     if body.stream:
         usage = bool((body.stream_options or {}).get("include_usage"))
         return StreamingResponse(stream(job, env, usage), media_type="text/event-stream",
@@ -251,20 +262,23 @@ async def finished(job: Job, request: HTTPRequest) -> dict:
 
 
 async def stream(job: Job, env: Envelope, include_usage: bool) -> AsyncIterator[str]:
-    """A started job as server-sent events: a chunk per step's tokens, the final chunk, [DONE]."""
+    """A started job as server-sent events: a chunk per step's tokens (`Chunks`), the final chunk, [DONE]."""
+    chunks = Chunks(env)
     try:
         if env.kind == "chat":
             yield sse(env.chunk("", None, role=True))
         while True:
             what, payload = await job.out.get()
             if what == "delta":
-                yield sse(env.delta_chunk(payload))
+                for chunk in chunks.delta(payload):
+                    yield sse(chunk)
             elif what == "error":
                 yield sse(payload.body())
                 break
             elif what == "done":
                 if payload is not None:
-                    yield sse(env.final_chunk(payload))
+                    for chunk in chunks.final(payload):
+                        yield sse(chunk)
                     if include_usage:
                         yield sse(env.usage_chunk(payload))
                 break

@@ -6,6 +6,7 @@ answers them."""
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -14,14 +15,17 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from edgespec.core import drafters
+from edgespec.core.drafters.prediction import PREDICTION
 from edgespec.core.sampling import SamplingParams
 from edgespec.runtime.errors import EdgeSpecError, one_line
+from edgespec.service import tools as tooling
 from edgespec.service.session import Reply, Request
 
 Kind = Literal["chat", "completion"]
 MAX_BODY = 8 << 20  # bytes
 MAX_STOPS = 16
 FINISH = {"eog": "stop", "stop": "stop", "length": "length", "context": "length", "stopped": "stop"}
+FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for a function's name
 
 
 # ----------------------------------------------------------------------------- errors
@@ -68,6 +72,7 @@ class Body(BaseModel):
     gamma: str | int | None = None  # a number or 'auto'
     cache_prompt: bool = True  # llama-server's name: reuse the cached prefix
     ignore_eos: bool = False  # llama-server's name: generate past end-of-generation tokens
+    prediction: Prediction | None = None  # predicted output: drafted from first where the answer follows it
 
 
 class Part(BaseModel):
@@ -76,15 +81,53 @@ class Part(BaseModel):
     text: str | None = None
 
 
+class Prediction(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["content"]
+    content: str | list[Part]
+
+
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str
+    arguments: str | dict[str, Any] = "{}"  # JSON text (OpenAI); an object is taken too
+
+
+class MessageToolCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: str
     content: str | list[Part] | None = None
+    tool_calls: list[MessageToolCall] | None = None  # an assistant's calls
+    tool_call_id: str | None = None  # a tool result: the call it answers
+    name: str | None = None
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    function: FunctionDef
 
 
 class ChatBody(Body):
     messages: list[Message] = Field(min_length=1)
-    tools: list[Any] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Any = None  # 'auto' | 'none' | 'required' | {"type": "function", "function": {"name": ...}}
+    parallel_tool_calls: bool | None = None
 
 
 class CompletionBody(Body):
@@ -149,16 +192,19 @@ def to_request(body: ChatBody | CompletionBody, defaults: Request, draft_spec: s
     stops = _stops(body, defaults)
     max_tokens = body.max_completion_tokens or body.max_tokens
     d = defaults
+    prediction = None if body.prediction is None else _text(body.prediction.content, "prediction")
     try:
         common = dict(draft=draft, gamma=d.gamma if body.gamma is None else str(body.gamma),
                       max_tokens=max_tokens or d.max_tokens, sampling=_sampling(body, d.sampling), stop=stops,
                       reuse_prefix=d.reuse_prefix and body.cache_prompt, stop_at_eog=not body.ignore_eos,
-                      ngram=d.ngram, verifier=d.verifier)
+                      ngram=d.ngram, verifier=d.verifier, prediction=prediction or None)
         if isinstance(body, CompletionBody):
             return Request(text=_prompt(body), framing="raw", **common), max_tokens is not None
         system, messages = _conversation(body)
+        tools, choice = _tools(body)
         framing = d.framing if d.framing in ("auto", "chat", "transcript") else "auto"
         return (Request(messages=messages, system=d.system if system is None else system, framing=framing,
+                        tools=tools, tool_choice=choice, parallel_tool_calls=body.parallel_tool_calls is not False,
                         **common), max_tokens is not None)
     except EdgeSpecError as exc:
         raise ApiError(400, one_line(exc)) from None
@@ -228,13 +274,16 @@ def _prompt(body: CompletionBody) -> str:
     return prompts[0]
 
 
-def _conversation(body: ChatBody) -> tuple[str | None, list[dict[str, str]]]:
-    """(the system messages joined, or None; the user/assistant turns) of a chat body."""
-    if body.tools:
-        raise ApiError(400, "tools are not supported", param="tools")
+def _conversation(body: ChatBody) -> tuple[str | None, list[dict[str, Any]]]:
+    """(the system messages joined, or None; the user/assistant/tool turns) of a chat body; an
+    assistant turn's tool calls keep OpenAI's shape with their arguments parsed (chat templates
+    write them as JSON values)."""
     system_parts: list[str] = []
-    messages: list[dict[str, str]] = []
+    messages: list[dict[str, Any]] = []
     for i, m in enumerate(body.messages):
+        if m.role == "assistant" and m.tool_calls:
+            messages.append(_calls_turn(m, f"messages.{i}"))
+            continue
         text = _text(m.content, f"messages.{i}")
         if m.role in ("system", "developer"):
             if messages:
@@ -243,12 +292,88 @@ def _conversation(body: ChatBody) -> tuple[str | None, list[dict[str, str]]]:
             system_parts.append(text)
         elif m.role in ("user", "assistant"):
             messages.append({"role": m.role, "content": text})
+        elif m.role == "tool":
+            messages.append(_tool_turn(m, text, f"messages.{i}"))
         else:
-            raise ApiError(400, f"messages.{i}: role {m.role!r} is not supported (system, user, assistant)",
+            raise ApiError(400, f"messages.{i}: role {m.role!r} is not supported (system, user, assistant, tool)",
                            param=f"messages.{i}.role")
     if not messages:
         raise ApiError(400, "messages: the conversation has no user message", param="messages")
     return ("\n\n".join(system_parts) if system_parts else None), messages
+
+
+def _calls_turn(m: Message, where: str) -> dict[str, Any]:
+    """An assistant turn with tool calls (its content may be null)."""
+    return {"role": "assistant", "content": "" if m.content is None else _text(m.content, where),
+            "tool_calls": [_history_call(c, f"{where}.tool_calls.{j}") for j, c in enumerate(m.tool_calls or ())]}
+
+
+def _tool_turn(m: Message, text: str, where: str) -> dict[str, Any]:
+    """A tool result, answering the call its tool_call_id names."""
+    if not m.tool_call_id:
+        raise ApiError(400, f"{where}: a tool message needs the tool_call_id of the call it answers",
+                       param=f"{where}.tool_call_id")
+    return {"role": "tool", "content": text, "tool_call_id": m.tool_call_id, **({"name": m.name} if m.name else {})}
+
+
+def _history_call(call: MessageToolCall, where: str) -> dict[str, Any]:
+    """An earlier tool call as the chat template gets it: OpenAI's shape, the arguments a JSON value."""
+    args: Any = call.function.arguments
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except ValueError:
+            raise ApiError(400, f"{where}.function.arguments: not valid JSON", "invalid_value",
+                           param=f"{where}.function.arguments") from None
+    return {"id": call.id or "", "type": "function", "function": {"name": call.function.name, "arguments": args}}
+
+
+def _tools(body: ChatBody) -> tuple[list[dict[str, Any]] | None, str | dict[str, Any]]:
+    """The body's tools (OpenAI's shape, checked) and its tool_choice, or a 400 naming the bad field."""
+    tools = None
+    if body.tools:
+        tools, seen = [], set()
+        for i, tool in enumerate(body.tools):
+            fn, where = tool.function, f"tools.{i}.function"
+            if not FUNCTION_NAME.match(fn.name):
+                raise ApiError(400, f"{where}.name: a function's name is 1 to 64 letters, digits, '_' or '-', "
+                               f"got {fn.name!r}", "invalid_value", param=f"{where}.name")
+            if fn.name in seen:
+                raise ApiError(400, f"{where}.name: two tools are named {fn.name!r}", "invalid_value",
+                               param=f"{where}.name")
+            seen.add(fn.name)
+            if fn.parameters is not None and fn.parameters.get("type", "object") != "object":
+                raise ApiError(400, f"{where}.parameters: must be the JSON schema of an object (type 'object'), got "
+                               f"type {fn.parameters.get('type')!r}", "invalid_value", param=f"{where}.parameters")
+            tools.append({"type": "function", "function": fn.model_dump(exclude_none=True)})
+    choice = tooling.AUTO if body.tool_choice is None else body.tool_choice
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
+        if not isinstance(name, str):
+            raise ApiError(400, "tool_choice: give 'auto', 'none', 'required' or "
+                           '{"type": "function", "function": {"name": ...}}', "invalid_value", param="tool_choice")
+        choice = {"type": "function", "function": {"name": name}}
+    try:
+        tooling.check_choice(tools, choice)
+    except EdgeSpecError as exc:
+        raise ApiError(400, one_line(exc), "invalid_value", param="tool_choice") from None
+    if tools and tooling.must_call(choice):
+        _check_grammar(tools, choice)
+    return tools, choice
+
+
+def _check_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any]) -> None:
+    """A 400 naming the tool whose schema the grammar engine cannot hold its arguments to."""
+    from llguidance import LLMatcher
+
+    for i, tool in enumerate(tools):
+        name = tool["function"]["name"]
+        if tooling.choice_name(choice) not in (None, name):
+            continue
+        error = LLMatcher.validate_grammar(tooling.tool_call_grammar([tool], name))
+        if error:
+            raise ApiError(400, f"tools.{i}.function.parameters: the schema cannot constrain a call: "
+                           f"{error.strip().splitlines()[0]}", "invalid_value", param=f"tools.{i}.function.parameters")
 
 
 def _text(content: str | list[Part] | None, where: str) -> str:
@@ -269,6 +394,7 @@ def _text(content: str | list[Part] | None, where: str) -> str:
 def summary(reply: Reply) -> dict:
     """What the final response says about a finished generation (computed on the worker thread)."""
     st = reply.stats
+    drafted, accepted = st.source_drafted.get(PREDICTION, 0), st.source_accepted.get(PREDICTION, 0)
     prompt_s = st.prefill_s
     decode_s = st.decode_s
     timings = {
@@ -307,7 +433,11 @@ def summary(reply: Reply) -> dict:
         "finish": reply.finish_reason,
         "usage": {"prompt_tokens": st.prompt_tokens, "completion_tokens": st.generated,
                   "total_tokens": st.prompt_tokens + st.generated,
-                  "prompt_tokens_details": {"cached_tokens": st.prompt_reused}},
+                  "prompt_tokens_details": {"cached_tokens": st.prompt_reused},
+                  # predicted outputs, as OpenAI reports them: predicted tokens the answer kept, and
+                  # those proposed from the prediction and rejected
+                  "completion_tokens_details": {"accepted_prediction_tokens": accepted,
+                                                "rejected_prediction_tokens": drafted - accepted}},
         "timings": timings,
         "framing": reply.framing,
     }
@@ -322,11 +452,12 @@ class Envelope:
     id: str
     created: int
     model: str
+    tools: bool = False  # the request offered tools: the answer's tool calls are read out of its text
 
     @classmethod
-    def new(cls, kind: Kind, model: str) -> Envelope:
+    def new(cls, kind: Kind, model: str, tools: bool = False) -> Envelope:
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
-        return cls(kind, rid, int(time.time()), model)
+        return cls(kind, rid, int(time.time()), model, tools)
 
     def _object(self, obj: str, choices: list[dict]) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
@@ -338,8 +469,12 @@ class Envelope:
         prov = {"tokens": s["tokens"], "sources": s["sources"], "drafted_by": s["drafted_by"],
                 "finish_reason": s["finish"], "framing": s["framing"]}
         if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": s["text"]}, "logprobs": None,
-                      "finish_reason": finish}
+            content, calls = tooling.parse_tool_calls(s["text"]) if self.tools else (s["text"], [])
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            if calls:
+                message["tool_calls"] = [c.to_openai() for c in calls]
+                finish = _call_finish(s["finish"])
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
             obj = "chat.completion"
         else:
             choice = {"index": 0, "text": s["text"], "logprobs": None, "finish_reason": finish}
@@ -350,11 +485,14 @@ class Envelope:
     def chunk_object(self) -> str:
         return "chat.completion.chunk" if self.kind == "chat" else "text_completion"
 
-    def chunk(self, text: str | None, finish: str | None, extra: dict | None = None, role: bool = False) -> dict:
+    def chunk(self, text: str | None, finish: str | None, extra: dict | None = None, role: bool = False,
+              calls: list[dict] | None = None) -> dict:
         if self.kind == "chat":
             delta: dict = {"role": "assistant"} if role else {}
             if text is not None:
                 delta["content"] = text
+            if calls:
+                delta["tool_calls"] = calls
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
@@ -364,9 +502,9 @@ class Envelope:
         """A chunk of newly released tokens with their provenance (the worker's "delta" message)."""
         return self.chunk("".join(delta["pieces"]), None, {"edgespec": delta})
 
-    def final_chunk(self, s: dict) -> dict:
+    def final_chunk(self, s: dict, finish: str | None = None) -> dict:
         """The chunk with finish_reason and timings that ends a stream; `s` is the `summary`."""
-        return self.chunk(None if self.kind == "chat" else "", FINISH.get(s["finish"], "stop"),
+        return self.chunk(None if self.kind == "chat" else "", finish or FINISH.get(s["finish"], "stop"),
                           {"timings": s["timings"],
                            "edgespec": {"finish_reason": s["finish"], "framing": s["framing"],
                                         "tokens": [], "pieces": [], "sources": [], "drafted_by": []}})
@@ -374,6 +512,47 @@ class Envelope:
     def usage_chunk(self, s: dict) -> dict:
         """The last chunk when the client asked for stream_options.include_usage."""
         return {**self._object(self.chunk_object, []), "usage": s["usage"]}
+
+
+class Chunks:
+    """The chunks of one streamed response, from the worker's messages: a chunk per delta with its
+    provenance; with tools, the text is read for tool calls as it comes (`tools.ToolCallStream`), so a
+    chunk shows only text that cannot be the start of a call, and each completed call is a chunk of
+    its own with a `tool_calls` delta (the whole call: id, name and arguments)."""
+
+    def __init__(self, env: Envelope) -> None:
+        self.env = env
+        self.reader = tooling.ToolCallStream() if env.tools and env.kind == "chat" else None
+
+    def delta(self, delta: dict) -> list[dict]:
+        if self.reader is None:
+            return [self.env.delta_chunk(delta)]
+        return self._read("".join(delta["pieces"]), delta, done=False)
+
+    def final(self, s: dict) -> list[dict]:
+        """The chunks that end a stream: what the reader still held, then finish_reason and timings."""
+        if self.reader is None:
+            return [self.env.final_chunk(s)]
+        empty = {"tokens": [], "pieces": [], "sources": [], "drafted_by": []}
+        held = [c for c in self._read("", empty, done=True) if c["choices"][0]["delta"]]
+        return [*held, self.env.final_chunk(s, _call_finish(s["finish"]) if self.reader.calls else None)]
+
+    def _read(self, text: str, delta: dict, done: bool) -> list[dict]:
+        shown, calls = self.reader.push(text, done)
+        first = self.reader.calls - len(calls)
+        out = [self.env.chunk(shown or None, None, {"edgespec": delta})]
+        out += [self.env.chunk(None, None, calls=[c.to_openai(first + i)]) for i, c in enumerate(calls)]
+        return out
+
+
+def reads_calls(req: Request) -> bool:
+    """Whether the answer to `req` is read for tool calls: it offered the model tools."""
+    return bool(tooling.shown_tools(req.tools, req.tool_choice))
+
+
+def _call_finish(finish: str) -> str:
+    """finish_reason of an answer that made tool calls: 'tool_calls', unless it was cut short."""
+    return "tool_calls" if FINISH.get(finish, "stop") == "stop" else FINISH[finish]
 
 
 def sse(obj: dict | str) -> str:

@@ -1,0 +1,176 @@
+"""Tools in a conversation (`edgespec.service.tools`): reading calls out of finished and streamed text,
+rendering tools, calls and results through the real models' chat templates (SmolLM2's has no place
+for them; Qwen2.5's has, when the real pair is installed), and the grammar of a required call checked
+by llguidance with the bundled model's own tokenizer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from edgespec.models import resolve_local
+from edgespec.runtime.errors import EdgeSpecError
+from edgespec.service import tools
+from edgespec.service.session import Request, frame, with_tool_grammar
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                   "required": ["city"]}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+# ----------------------------------------------------------------------------- reading calls
+def test_parse_calls_out_of_text():
+    content, calls = tools.parse_tool_calls(CALL)
+    assert content is None and [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
+    assert calls[0].id.startswith("call_") and len(calls[0].id) > 10
+    content, calls = tools.parse_tool_calls("Let me check.\n" + CALL + "\n" + CALL.replace("Paris", "Oslo"))
+    assert content == "Let me check." and [json.loads(c.arguments)["city"] for c in calls] == ["Paris", "Oslo"]
+    assert calls[0].id != calls[1].id
+
+
+def test_text_that_is_no_call_stays_text():
+    for text in ["Just an answer.", "<tool_call>\nnot json\n</tool_call>", '<tool_call>{"arguments": {}}</tool_call>',
+                 "a < b and <tool_ is not a tag"]:
+        assert tools.parse_tool_calls(text) == (text, [])
+    # an answer that ended before the closing tag: a complete body still counts, a cut one does not
+    content, calls = tools.parse_tool_calls('<tool_call>\n{"name": "get_time", "arguments": {}}')
+    assert content is None and calls[0].name == "get_time" and calls[0].arguments == "{}"
+    cut = '<tool_call>\n{"name": "get_time", "argu'
+    assert tools.parse_tool_calls(cut) == (cut, [])
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 7, 1000])
+def test_streamed_text_gives_what_the_whole_text_gives(size):
+    text = "Checking both.\n" + CALL + "\n" + CALL.replace("Paris", "Rome") + "\n"
+    reader = tools.ToolCallStream()
+    shown, calls = "", []
+    for i in range(0, len(text), size):
+        part, done = reader.push(text[i : i + size])
+        assert "<" not in part  # nothing of a tag is ever shown
+        shown, calls = shown + part, calls + done
+    part, done = reader.push("", done=True)
+    shown, calls = shown + part, calls + done
+    content, whole = tools.parse_tool_calls(text)
+    assert shown.strip() == content and [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in whole]
+
+
+def test_streamed_text_that_only_looked_like_a_tag_is_released():
+    reader = tools.ToolCallStream()
+    assert reader.push("x <tool") == ("x ", [])  # may begin a call: held
+    assert reader.push("box> y") == ("<toolbox> y", [])
+    assert reader.push(" <", done=True) == (" <", [])
+
+
+# ----------------------------------------------------------------------------- choices and grammar
+def test_tool_choice_is_checked():
+    tools.check_choice([WEATHER], {"type": "function", "function": {"name": "get_weather"}})
+    with pytest.raises(EdgeSpecError, match="'nope', which is not among the tools"):
+        tools.check_choice([WEATHER], {"type": "function", "function": {"name": "nope"}})
+    with pytest.raises(EdgeSpecError, match="no tools"):
+        tools.check_choice(None, "required")
+    with pytest.raises(EdgeSpecError, match="must be 'auto'"):
+        tools.check_choice([WEATHER], "sometimes")
+    with pytest.raises(EdgeSpecError, match="no tools"):
+        Request(text="hi", tool_choice="required")
+
+
+def matcher_accepts(tokenizer, grammar: str, model, text: str) -> bool:
+    import llguidance
+
+    m = llguidance.LLMatcher(tokenizer, grammar)
+    assert not m.is_error(), m.get_error()
+    return m.consume_tokens(model.tokenize(text, add_special=False, parse_special=True)) and m.is_accepting()
+
+
+def test_the_grammar_admits_a_call_of_the_named_function_with_schema_arguments(smollm2):
+    from llguidance.llamacpp import lltokenizer_from_vocab
+
+    tok = lltokenizer_from_vocab(smollm2._vocab)
+    assert not tools.tags_are_tokens(smollm2)  # SmolLM2 writes the tags as text
+    one = with_tool_grammar(smollm2, Request(messages=[{"role": "user", "content": "hi"}], tools=[WEATHER, TIME],
+                                             tool_choice={"type": "function", "function": {"name": "get_weather"}}))
+    assert one.grammar is not None
+    assert matcher_accepts(tok, one.grammar, smollm2, CALL)
+    assert matcher_accepts(tok, one.grammar, smollm2, CALL.replace('"Paris"}', '"Paris", "days": 3}'))
+    assert not matcher_accepts(tok, one.grammar, smollm2, CALL.replace("get_weather", "get_time"))  # another function
+    assert not matcher_accepts(tok, one.grammar, smollm2, CALL.replace('"Paris"', "3"))  # city must be a string
+    assert not matcher_accepts(tok, one.grammar, smollm2, CALL.replace('"city"', '"town"'))  # city is required
+    assert not matcher_accepts(tok, one.grammar, smollm2, "Sure! " + CALL)  # no text before the call
+    any_ = with_tool_grammar(smollm2, Request(messages=[{"role": "user", "content": "hi"}], tools=[WEATHER, TIME],
+                                              tool_choice="required"))
+    both = CALL + '\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    assert matcher_accepts(tok, any_.grammar, smollm2, both)
+    single = with_tool_grammar(smollm2, Request(messages=[{"role": "user", "content": "hi"}], tools=[WEATHER, TIME],
+                                                tool_choice="required", parallel_tool_calls=False))
+    assert matcher_accepts(tok, single.grammar, smollm2, CALL) and not matcher_accepts(tok, single.grammar, smollm2, both)
+    # auto and none leave the output free
+    for choice in ("auto", "none"):
+        assert with_tool_grammar(smollm2, Request(messages=[{"role": "user", "content": "hi"}], tools=[WEATHER],
+                                                  tool_choice=choice)).grammar is None
+
+
+# ----------------------------------------------------------------------------- rendering
+HISTORY = [
+    {"role": "user", "content": "What is the weather in Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": '{"temp_c": 18}'},
+]
+
+
+def test_a_template_without_tools_gets_them_written_in(smollm2):
+    caps = tools.template_caps(smollm2)
+    assert not caps.tools and not caps.tool_calls  # SmolLM2's ChatML template shows content only
+    req = Request(messages=HISTORY, tools=[WEATHER], system="Be brief.")
+    text = smollm2.render_special(frame(smollm2, req).tokens)
+    assert text.index("Be brief.") < text.index('"name": "get_weather"') < text.index("What is the weather")
+    assert CALL in text  # the earlier call, as the model would write it
+    assert '{"temp_c": 18}' in text and text.endswith("<|im_start|>assistant\n")
+    # tool_choice none: the tools are not shown, the history still is
+    hidden = smollm2.render_special(frame(smollm2, Request(messages=HISTORY, tools=[WEATHER], tool_choice="none")).tokens)
+    assert "get_weather" in hidden and "<tools>" not in hidden
+
+
+def test_a_base_model_transcript_gets_tools_calls_and_results(gemma):
+    text = gemma.detokenize(frame(gemma, Request(messages=HISTORY, tools=[WEATHER], framing="transcript")).tokens)
+    assert "<tools>" in text and "Assistant: <tool_call>" in text and "User: <tool_response>" in text
+    assert text.endswith("Assistant:")
+
+
+def test_prefix_of_a_tool_conversation_stays_put(smollm2):
+    """The next turn's prompt begins with this turn's (prefix reuse across tool turns)."""
+    first = frame(smollm2, Request(messages=HISTORY[:1], tools=[WEATHER])).tokens
+    second = frame(smollm2, Request(messages=HISTORY, tools=[WEATHER])).tokens
+    assert second[: len(first)] == first
+
+
+QWEN = resolve_local("qwen2.5-coder-1.5b")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(QWEN is None, reason="the real pair is not installed: python app.py models install coder-pair")
+def test_qwen_renders_tools_calls_and_results_in_its_own_sections():
+    from edgespec.runtime.llama import Model
+
+    qwen = Model(QWEN, n_ctx=512, flash_attn="off")
+    try:
+        caps = tools.template_caps(qwen)
+        assert caps == tools.TemplateCaps(True, True, True)
+        assert tools.tags_are_tokens(qwen)
+        text = qwen.render_special(frame(qwen, Request(messages=HISTORY, tools=[WEATHER])).tokens)
+        assert "# Tools" in text and '"name": "get_weather"' in text and "<tool_response>" in text
+        assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in text
+        # the grammar names the tags as Qwen's own tokens, so the call the model writes is admitted
+        from llguidance.llamacpp import lltokenizer_from_vocab
+
+        tok = lltokenizer_from_vocab(qwen._vocab)
+        req = with_tool_grammar(qwen, Request(messages=HISTORY[:1], tools=[WEATHER], tool_choice="required"))
+        assert "start: call" in req.grammar and "<tool_call> " in req.grammar
+        assert matcher_accepts(tok, req.grammar, qwen, CALL)
+        assert not matcher_accepts(tok, req.grammar, qwen, CALL.replace("get_weather", "get_time"))
+    finally:
+        qwen.close()
