@@ -111,6 +111,10 @@ class Request:
     # Whose earlier answers a drafter that learns from them reads and adds to ('' = this machine's
     # user; the server: a digest of the client's API key): one owner's answers never draft for another.
     owner: str = ""
+    # The output's grammar: an llguidance grammar spec (`service.structured`: json_schema_grammar,
+    # json_object_grammar, lark_grammar); every token of the reply is constrained by it, and where it
+    # forces tokens they are drafted for free. None: free text.
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         if (self.text is None) == (self.messages is None):
