@@ -30,6 +30,7 @@ from edgespec.core import drafters as registry
 from edgespec.core.adaptive import AutoGamma
 from edgespec.core.costs import GAMMA_MAX, CostModel
 from edgespec.core.drafters import Drafter
+from edgespec.core.drafters.grammar import GrammarDrafter
 from edgespec.core.engine import (
     DEFAULT_MAX_TOKENS,
     VERIFIERS,
@@ -39,11 +40,13 @@ from edgespec.core.engine import (
     GenerationConfig,
     StepEvent,
 )
+from edgespec.core.grammar import Constraint
 from edgespec.core.sampling import SamplingParams
 from edgespec.core.stats import Stats
 from edgespec.models.loader import RuntimeOptions, load_model
 from edgespec.runtime import llama as runtime
 from edgespec.runtime.errors import EdgeSpecError
+from edgespec.runtime.grammar import grammar_tokenizer
 from edgespec.runtime.llama import Model
 
 # How a prompt becomes tokens (`frame`):
@@ -353,10 +356,16 @@ class Session:
 
     def prepare(self, req: Request) -> tuple[Framed, Engine]:
         """Tokens and an engine for `req` (loads a draft model and the cost profile if needed), so
-        a consumer can do the slow part before its clock starts."""
+        a consumer can do the slow part before its clock starts. A request with a grammar gets its
+        constraint, and its drafter proposes the grammar's forced tokens too (drafters/grammar.py)."""
         framed = frame(self.target, req)
         drafter = self.drafter(req.draft, req.ngram, req.owner)
-        return framed, Engine(self.target, drafter, req.policy(), self.cost_model(drafter))
+        costs = self.cost_model(drafter)
+        if req.grammar is None:
+            return framed, Engine(self.target, drafter, req.policy(), costs)
+        grammar = Constraint(grammar_tokenizer(self.target), req.grammar)
+        drafting = None if drafter is None else GrammarDrafter(grammar, drafter)
+        return framed, Engine(self.target, drafting, req.policy(), costs, grammar)
 
     def generate(self, req: Request, stop: threading.Event | None = None,
                  prepared: tuple[Framed, Engine] | None = None) -> Iterator[tuple[StepEvent, Reply]]:
@@ -372,8 +381,9 @@ class Session:
                 reply.policy = engine.policy.snapshot() if engine.drafter is not None else {}
                 yield ev, reply
         finally:
-            if engine.drafter is not None and engine.drafter not in self._kept.values():
-                engine.drafter.close()
+            drafter = engine.drafter.inner if isinstance(engine.drafter, GrammarDrafter) else engine.drafter
+            if drafter is not None and drafter not in self._kept.values():
+                drafter.close()
         if engine.costs is not None:
             engine.costs.check_t1(self.target, reply.stats.plain_pass_s)
 
