@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import hmac
 import ipaddress
+import json
 import socket
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from edgespec.runtime.errors import EdgeSpecError
@@ -106,6 +108,52 @@ def add_generation_args(ap: argparse.ArgumentParser) -> None:
     add_runtime_args(ap)
 
 
+def add_grammar_args(ap: argparse.ArgumentParser) -> None:
+    """Structured output for one generation (`grammar_from_args`)."""
+    ap.add_argument("--json-schema", default=None, metavar="FILE|-",
+                    help="the reply is JSON valid under this JSON schema (a file; - reads stdin); its forced keys "
+                    "and punctuation are drafted for free (docs/structured_output.md)")
+    ap.add_argument("--grammar", default=None, metavar="FILE",
+                    help="the reply follows this grammar (llguidance's Lark format: docs/structured_output.md)")
+
+
+def grammar_from_args(args: argparse.Namespace) -> str | None:
+    """The grammar spec of --json-schema or --grammar (service.structured), None without either."""
+    from edgespec.service import structured
+
+    schema_file, lark_file = getattr(args, "json_schema", None), getattr(args, "grammar", None)
+    if schema_file is not None and lark_file is not None:
+        raise EdgeSpecError("give --json-schema or --grammar, not both")
+    if schema_file is not None:
+        text = _read_text(schema_file, "--json-schema")
+        try:
+            schema = json.loads(text)
+        except ValueError as exc:
+            raise EdgeSpecError(f"--json-schema {schema_file}: not JSON ({exc})") from None
+        try:
+            return structured.json_schema_grammar(schema)
+        except structured.StructuredOutputError as exc:
+            raise EdgeSpecError(f"--json-schema {schema_file}: {exc}") from None
+    if lark_file is not None:
+        try:
+            return structured.lark_grammar(_read_text(lark_file, "--grammar"))
+        except structured.StructuredOutputError as exc:
+            raise EdgeSpecError(f"--grammar {lark_file}: {exc}") from None
+    return None
+
+
+def _read_text(name: str, flag: str) -> str:
+    """A UTF-8 file's text (- : stdin), or a one-line error naming `flag`."""
+    try:
+        if name == "-":
+            return sys.stdin.buffer.read().decode("utf-8")
+        return Path(name).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise EdgeSpecError(f"{flag} {name}: not UTF-8 text") from None
+    except OSError as exc:
+        raise EdgeSpecError(f"{flag} {name}: cannot read it ({exc.strerror})") from None
+
+
 def check_address(host: str, port: int) -> None:
     """A bad --host or --port, or a port already taken, as one line before any server starts."""
     if not 1 <= port <= 65535:
@@ -195,6 +243,7 @@ def request_from_args(args: argparse.Namespace, text: str) -> Request:
         verifier=args.verifier,
         stop=tuple(args.stop or ()),
         reuse_prefix=not args.no_prefix_reuse,
+        grammar=grammar_from_args(args),
     )
 
 

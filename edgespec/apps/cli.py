@@ -11,7 +11,14 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from edgespec.apps.args import Parser, add_generation_args, check_address, request_from_args, runtime_options
+from edgespec.apps.args import (
+    Parser,
+    add_generation_args,
+    add_grammar_args,
+    check_address,
+    request_from_args,
+    runtime_options,
+)
 from edgespec.runtime.errors import EdgeSpecError, require_stdout, run_command
 
 COLOURS = {"draft": "\033[32m", "bonus": "\033[36m", "target": ""}
@@ -22,6 +29,7 @@ FINISH_NOTES = {
     "length": "reached --max-tokens",
     "context": "the context is full (raise --ctx)",
     "stop": "reached a stop string",
+    "grammar": "the grammar is complete",
     "stopped": "stopped",
 }
 
@@ -44,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--api-key", default=None, help="UI login password, any user name (default: $EDGESPEC_API_KEY); "
                     "needed for a --host other than loopback")
     add_generation_args(ap)
+    add_grammar_args(ap)
     return ap
 
 

@@ -16,7 +16,9 @@ For n-gram drafts, acceptance is not one alpha but one per draft position (token
 accepted; `costs.expected_tokens`), read by the size the match has grown to (MATCH_PRIOR).
 A drafter that estimates its own acceptance per position (Hint.confidence: the suffix drafter's
 candidates from earlier answers, calibrated by its record of what came true) is planned with those
-estimates as given, and never probed (its estimate is already evidence).
+estimates as given, and never probed (its estimate is already evidence). Tokens a hint calls
+certain (Hint.certain: a grammar's forced tokens) lead the plan at acceptance 1 and no drafting
+cost, and are no evidence about the drafter's own tokens after them.
 Drafts run as long as the cost profile goes (`costs.GAMMA_MAX`), at row counts it measured.
 """
 
@@ -116,6 +118,7 @@ class PlanKey(NamedTuple):
     context: Context
     c: float | None
     catch_up: float
+    certain: int = 0
 
 
 @dataclass
@@ -188,6 +191,8 @@ class AutoGamma:
         self._probe_interval = self.probe_every
         self._probing = False
         self._draft_costs: tuple[float | None, float] = (None, 0.0)  # the last choose's (c, catch-up)
+        self._certain = 0  # the last hint's certain tokens (Hint.certain)
+        self._nothing = False  # the last hint had nothing to propose after them
         self._planned_draft = 0.0  # drafting the steps that drafted cost by the plans, in T(1)s
         self._plain_catch_up = 0.0  # catch-ups (in T(1)s) that drafting would have cost on the plain steps
 
@@ -199,7 +204,17 @@ class AutoGamma:
 
     def _alphas(self) -> float | list[float]:
         """Acceptance for the next draft in the context of the last `choose`: per draft position
-        for an n-gram match (token j continues a match of size + j - 1), else one rate."""
+        for an n-gram match (token j continues a match of size + j - 1), else one rate; per
+        position after the hint's certain tokens (1 each) when it has some."""
+        if not self._certain:
+            return self._own_alphas()
+        if self._nothing:
+            return [1.0] * self._certain
+        own = self._own_alphas()
+        return ([1.0] * self._certain + (own if isinstance(own, list) else [own] * self._cap()))[: self._cap()]
+
+    def _own_alphas(self) -> float | list[float]:
+        """`_alphas` of the drafter's own tokens (after the certain ones)."""
         key = self._key
         if key.kind == "confidence":  # the drafter's own per-token estimates, as long as its proposal
             return list(key.confidence[: self._cap()])
@@ -230,19 +245,21 @@ class AutoGamma:
         self._draft_costs = (c, catch_up)
         alpha_max = 0.95 if hint.alpha_max is None else hint.alpha_max
         source, size = hint.source, hint.size
+        self._certain, self._nothing = hint.certain, size == 0
         if hint.confidence and size:
             self._key = Context("confidence", source, confidence=hint.confidence)
         elif size is None:
             self._key = Context("state", source, last_full=self._state)
         else:
             self._key = Context("match" if hint.copies and size else "hint", source, size)
-        if costs is None or size == 0:
+        if costs is None or (size == 0 and not hint.certain):
             g = 0  # no costs known (plain decoding is the safe choice), or nothing to draft
         else:
-            plan_key = PlanKey(self._key, c, catch_up)
+            plan_key = PlanKey(self._key, c, catch_up, hint.certain)
             plan = self._plans.get(plan_key)
             if plan is None:  # estimates change only when a draft was verified (observe)
-                plan = self._plans[plan_key] = costs.best_gamma(self._alphas(), self._cap(), c, catch_up)
+                plan = self._plans[plan_key] = costs.best_gamma(self._alphas(), self._cap(), c, catch_up,
+                                                                free=hint.certain)
             g, s = plan
             self.last_predicted = s
             if s < self.margin:
@@ -254,7 +271,7 @@ class AutoGamma:
         self.last_choice = g
         self._steps += 1
         self._steps_plain += g == 0
-        self._steps_nothing += size == 0
+        self._steps_nothing += size == 0 and not hint.certain
         if g == 0:
             self._plain_catch_up += catch_up
         return g
@@ -265,7 +282,7 @@ class AutoGamma:
         being paid for already (c = 0), or 0 when none is predicted to pay."""
         if self.costs is None or self._probing or available <= 0:
             return available
-        g, s = self.costs.best_gamma(self._alphas(), min(available, self._cap()), c=0.0)
+        g, s = self.costs.best_gamma(self._alphas(), min(available, self._cap()), c=0.0, free=self._certain)
         return g if s >= self.margin else 0
 
     def _could_pay(self, costs: CostModel, c: float | None = None, alpha_max: float = 0.95,
@@ -292,10 +309,17 @@ class AutoGamma:
         if k > 0:
             self._plans.clear()
             if self.costs is not None:
-                self._planned_draft += self.costs.drafting_cost(k, *self._draft_costs)
+                self._planned_draft += self.costs.drafting_cost(k, *self._draft_costs, free=self._certain)
+            # the certain tokens are no evidence of the drafter's own: count what followed them
+            certain = min(self._certain, k)
+            self._drafting_tokens += n_accepted + 1
+            self._state = int(n_accepted == k)
+            self._since_draft = 0
+            if n_accepted < certain or k == certain:
+                return  # the drafter's own tokens were not reached (or there were none)
+            k, n_accepted = k - certain, n_accepted - certain
             tested = tested_drafts(k, n_accepted)  # the accepted drafts and the first rejected one
             self._tested += tested
-            self._drafting_tokens += n_accepted + 1
             key = self._key
             if key.kind == "match":
                 # Token j of the draft was a trial at size class(size + j - 1); the first
@@ -309,8 +333,6 @@ class AutoGamma:
                 # Forget per draft token, not per step, so a run of long accepted drafts does not
                 # outweigh the next few rejections.
                 self._count(self._contexts, key, 0.5, n_accepted, tested)
-            self._state = int(n_accepted == k)
-            self._since_draft = 0
         else:
             self._since_draft += 1
 

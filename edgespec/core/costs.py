@@ -156,31 +156,35 @@ class CostModel:
         return None if self.max_rows is None else max(0, self.max_rows - 1)
 
     def speedup(self, alpha: float | Sequence[float], gamma: int, c: float | None = None,
-                catch_up: float = 0.0) -> float:
+                catch_up: float = 0.0, free: int = 0) -> float:
         """Predicted speedup over plain decoding of drafting `gamma` tokens at acceptance alpha, or
         at per-position acceptances alpha[j-1] (token j given 1..j-1 accepted; `expected_tokens`):
         E / `step_cost`, c the model's unless given."""
         if gamma <= 0:
             return 1.0
-        return expected_tokens(alpha, gamma) / self.step_cost(gamma, c, catch_up)
+        return expected_tokens(alpha, gamma) / self.step_cost(gamma, c, catch_up, free)
 
-    def drafting_cost(self, gamma: int, c: float | None = None, catch_up: float = 0.0) -> float:
+    def drafting_cost(self, gamma: int, c: float | None = None, catch_up: float = 0.0, free: int = 0) -> float:
         """What drafting `gamma` tokens costs, in single-token target passes: gamma c, plus
         `catch_up` (a draft model's decoding of the committed tokens it has not seen, Hint.catch_up_s
-        through `draft_cost`), which a step pays however many tokens it drafts."""
-        return gamma * (self.c if c is None else c) + catch_up
+        through `draft_cost`), which a step pays however many tokens it drafts. The first `free`
+        tokens cost nothing (Hint.certain: a grammar's forced tokens), nor does the catch-up when
+        they are all the draft."""
+        paid = max(0, gamma - free)
+        return paid * (self.c if c is None else c) + (catch_up if paid else 0.0)
 
-    def step_cost(self, gamma: int, c: float | None = None, catch_up: float = 0.0) -> float:
+    def step_cost(self, gamma: int, c: float | None = None, catch_up: float = 0.0, free: int = 0) -> float:
         """What a step that drafts `gamma` tokens costs, in single-token passes: its drafting
         (`drafting_cost`: gamma c + catch-up) and the verification T(gamma+1)/T(1)."""
-        return self.drafting_cost(gamma, c, catch_up) + self.t_ratio(gamma + 1)
+        return self.drafting_cost(gamma, c, catch_up, free) + self.t_ratio(gamma + 1)
 
     def best_gamma(self, alpha: float | Sequence[float], gamma_max: int | None = None,
-                   c: float | None = None, catch_up: float = 0.0, *, drafting: bool = False) -> tuple[int, float]:
+                   c: float | None = None, catch_up: float = 0.0, *, drafting: bool = False,
+                   free: int = 0) -> tuple[int, float]:
         """The draft length in [0, min(gamma_max, draft_cap)] with the highest predicted speedup
-        (alpha: one acceptance rate, or per-position acceptances as for `speedup`; c and catch_up
-        as for `step_cost`); with `drafting`, the best length of at least 1 even when it is slower
-        than plain decoding (what a drafter would give here, to say why it was declined)."""
+        (alpha: one acceptance rate, or per-position acceptances as for `speedup`; c, catch_up and
+        free as for `step_cost`); with `drafting`, the best length of at least 1 even when it is
+        slower than plain decoding (what a drafter would give here, to say why it was declined)."""
         cap = self.gamma_max if gamma_max is None else gamma_max
         if self.draft_cap is not None:
             cap = min(cap, self.draft_cap)
@@ -188,7 +192,7 @@ class CostModel:
         for g in self._lengths:
             if g > cap or (not isinstance(alpha, (int, float)) and g > len(alpha)):
                 break
-            s = self.speedup(alpha, g, c, catch_up)
+            s = self.speedup(alpha, g, c, catch_up, free)
             if s > best_s:
                 best, best_s = g, s
         return best, best_s

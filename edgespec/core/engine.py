@@ -13,8 +13,11 @@ cached prefix of prompt[:-1] (`Model.reuse`) and prefills only the rest, so a ch
 new turn, not the whole conversation. GenerationConfig.reuse_prefix=False clears the cache first.
 Ending: a generation ends at an end-of-generation token, at max_tokens, at a stop string
 (GenerationConfig.stop_strings, `StopStrings`: the answer is the text before it, and text that may
-begin one is held back from the events), at a full context or when asked to stop; the step that
-ends it is counted once, up to the token that ended it.
+begin one is held back from the events), where its grammar is complete, at a full context or when
+asked to stop; the step that ends it is counted once, up to the token that ended it.
+A grammar (`Constraint`, core/grammar.py) is kept like the KV cache: a draft is cut before the
+first token it forbids (no pass over it), every verified row is masked by the state after the
+tokens before it, and the committed tokens advance it.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ import numpy as np
 
 from edgespec.core.costs import CostModel
 from edgespec.core.drafters import Draft, Drafter, Hint
-from edgespec.core.sampling import Noise, SamplingParams, verify_greedy, verify_match, verify_stochastic
+from edgespec.core.grammar import GRAMMAR, Constraint
+from edgespec.core.sampling import Noise, SamplingParams, constrain, verify_greedy, verify_match, verify_stochastic
 from edgespec.core.stats import Stats
 from edgespec.runtime.errors import EdgeSpecError
 from edgespec.runtime.llama import Model, TextStream
@@ -136,7 +140,8 @@ class StepEvent:
     drafted: int  # draft tokens actually proposed (k <= gamma)
     accepted: int
     stats: Stats
-    finish_reason: str | None = None  # 'eog' | 'length' | 'stop' | 'context' | 'stopped' on the last event
+    # on the last event: 'eog' | 'length' | 'stop' | 'grammar' (complete) | 'context' | 'stopped'
+    finish_reason: str | None = None
     source: str = ""  # who proposed this step's draft (as drafted_by[i] names it); '' when none was drafted
 
     @property
@@ -245,11 +250,12 @@ class Engine:
     """Runs generations of one target with an optional drafter, a gamma policy and a cost model."""
 
     def __init__(self, target: Model, drafter: Drafter | None = None, policy: GammaPolicy | None = None,
-                 costs: CostModel | None = None) -> None:
+                 costs: CostModel | None = None, grammar: Constraint | None = None) -> None:
         self.target = target
         self.drafter = drafter
         self.policy: GammaPolicy = policy or FixedGamma(0)
         self.costs = costs
+        self.grammar = grammar  # one generation's constraint, at its start
 
     @property
     def drafter_name(self) -> str:
@@ -347,6 +353,10 @@ class Engine:
         self.policy.observe(k, n_acc)
 
         new, sources, drafted_by, finish = self._shown(s, remaining, cfg.stop_at_eog)
+        if self.grammar is not None:
+            stats.grammar_s = self.grammar.seconds
+            if self.grammar.done and finish in (None, "length") and len(new) == n_acc + 1:
+                finish = GRAMMAR  # the grammar is complete after the step's tokens: nothing else may follow
         source = (s.draft.source or self.drafter_name) if k else ""
         context.extend(new)
         drafter = self.drafter
@@ -363,7 +373,7 @@ class Engine:
         else:
             end = None if finish is None else len(new) + (finish == "eog")
             answer = len(new)
-        stats.record_step(k, n_acc, answer, end, source)
+        stats.record_step(k, n_acc, answer, end, s.draft.provenance(self.drafter_name))
         return StepEvent(*_columns(shown), s.gamma, k, n_acc, stats, finish, source), len(new)
 
     def step(self, context: list[int], limit: int, cfg: GenerationConfig, noise: Noise) -> Step:
@@ -373,11 +383,16 @@ class Engine:
         and the accepted drafts; committing the tokens is the caller's (`generate`)."""
         t0 = time.perf_counter()
         gamma, draft = self._draft(context, limit)  # d_1..d_k ~ q_1..q_k, k <= gamma
+        grammar = self.grammar
+        if grammar is not None:  # a draft the grammar forbids is rejected without a pass over it
+            draft = draft.cut(grammar.admitted(draft.tokens))
         t1 = time.perf_counter()
         n_past = self.target.n_past
         batch = [context[-1], *draft.tokens.tolist()]  # [x_last, d_1..d_k]
         logits = self._score(batch)  # p_1..p_{k+1} in parallel: [k+1, V]
         t2 = time.perf_counter()
+        if grammar is not None:  # row i: what the grammar allows after d_1..d_i
+            logits = constrain(logits, grammar.masks(draft.tokens))
         if cfg.sampling.greedy:  # accepted prefix n, then the correction (n < k) or bonus (n = k)
             n, token = verify_greedy(logits, draft.tokens)
         elif cfg.verifier == "match":
@@ -385,6 +400,8 @@ class Engine:
         else:  # r < min(1, p/q) per draft; a rejection resamples from norm(max(0, p - q))
             n, token = verify_stochastic(logits, draft.tokens, draft.probs, cfg.sampling, noise.at(len(context)))
         self.target.truncate(n_past + 1 + n)  # drop the rejected drafts from the KV cache
+        if grammar is not None:
+            grammar.advance([*draft.tokens[:n].tolist(), token])
         return Step(gamma, draft, logits, n, token, len(batch), t1 - t0, t2 - t1, time.perf_counter() - t2)
 
     def _draft(self, context: list[int], limit: int) -> tuple[int, Draft]:
@@ -404,7 +421,7 @@ class Engine:
         n, k = s.n_accepted, len(s.draft)
         new = s.draft.tokens[:n].tolist() + [s.token]
         sources = [DRAFT] * n + [BONUS if (k and n == k) else TARGET]
-        drafted_by = ([s.draft.source or self.drafter.name] * n if n else []) + [""]
+        drafted_by = s.draft.provenance(self.drafter_name)[:n] + [""]
         finish = None
         if stop_at_eog:
             for i, tok in enumerate(new):

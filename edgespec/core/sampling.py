@@ -125,6 +125,13 @@ def _top_p(probs: np.ndarray, top_p: float) -> np.ndarray:
     return out / out.sum()
 
 
+def constrain(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """Rows of logits [k+1, V] with the tokens a grammar forbids (allowed[i] False) set to -inf: the
+    target's distribution restricted to the grammar, before temperature and the filters (as llama.cpp
+    and vLLM apply a grammar), so p_i = process(constrained[i]) is what every verifier sees."""
+    return np.where(allowed, logits, -np.inf).astype(np.float32, copy=False)
+
+
 def sample(probs: np.ndarray, u: float) -> int:
     """The token id at quantile u in [0, 1) of a probability vector (inverse CDF; only ids with
     probability > 0 can come out)."""
@@ -160,7 +167,10 @@ def verify_stochastic(
     draft: [k] proposed ids; draft_probs: [k, V] the processed draft distributions q_i they were
     sampled from, or None for a deterministic drafter (q_i = one-hot at draft[i], e.g. n-gram).
     Accept draft[i] with probability min(1, p_i(d)/q_i(d)); on the first rejection emit a sample of
-    norm(max(0, p_i - q_i)); if all k are accepted emit a bonus sample of p_k.
+    norm(max(0, p_i - q_i)); if all k are accepted emit a bonus sample of p_k. draft_probs may have
+    a row k: the distribution of a (k+1)-th draft that a grammar refused before verification (p_k of
+    it is 0, so it would have been rejected for sure): after k acceptances the residual of that row
+    is emitted, exactly what verifying it would have given (`Draft.cut`).
     Returns (n_accepted, next_token). The emitted tokens are distributed exactly as the target's.
 
     For a one-hot q the rule reads: accept d with probability p(d), else sample p with d removed
@@ -180,6 +190,10 @@ def verify_stochastic(
             residual = p
         return i, sample(residual, u(i, RESIDUAL))
     k = len(draft)
+    if len(draft_probs) > k:  # a refused (k+1)-th draft: rejected without a pass over it
+        p = process(target_logits[k], params)
+        residual = np.maximum(p - draft_probs[k], 0.0)
+        return k, sample(residual if residual.sum() > 0.0 else p, u(k, RESIDUAL))
     return k, sample(process(target_logits[k], params), u(k, SAMPLE))
 
 

@@ -4,7 +4,7 @@ reads its properties, none recomputes them."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
@@ -35,6 +35,7 @@ class Stats:
     draft_s: float = 0.0
     target_s: float = 0.0
     verify_s: float = 0.0
+    grammar_s: float = 0.0  # of draft_s and verify_s: the grammar's masks and forced tokens (core/grammar.py)
     wall_s: float = 0.0
     ttft_s: float | None = None
     target_bytes: int = 0
@@ -153,15 +154,21 @@ class Stats:
         """Target weight bytes streamed per second (each target call reads all weights once)."""
         return self.target_bytes * self.target_calls / self.decode_s / 1e9
 
-    def record_step(self, k: int, n_acc: int, answer: int, end: int | None = None, source: str = "") -> None:
-        """Count one target call that verified k draft tokens, proposed by `source`, and accepted
+    def record_step(self, k: int, n_acc: int, answer: int, end: int | None = None,
+                    source: str | Sequence[str] = "") -> None:
+        """Count one target call that verified k draft tokens, proposed by `source` (or per token,
+        when the draft mixes sources: a grammar's forced tokens and a drafter's), and accepted
         n_acc, adding `answer` tokens to the answer. `end`: the generation ended at the step's
         end-th token (None: it goes on); the step's tokens up to there that are not the answer's
         ended it (an end-of-generation token, a stop string). A stop string may begin in tokens
         earlier steps counted as answer, so `answer` can be below zero."""
         drafted, accepted, rejected = _step_counts(k, n_acc, end)
-        if drafted:
-            self._add_source(source, drafted, accepted)
+        if isinstance(source, str):
+            if drafted:
+                self._add_source(source, drafted, accepted)
+        else:
+            for j, src in enumerate(source[:drafted]):
+                self._add_source(src, 1, int(j < accepted))
         self.target_calls += 1
         self.generated += answer
         if end is not None:
@@ -213,7 +220,7 @@ class Stats:
 
 # Counters and timings `merge` sums.
 _SUMMED = ("prompt_tokens", "prompt_reused", "prompt_prefilled", "generated", "end_tokens", "target_calls",
-           "drafted", "accepted", "rejections", "prefill_s", "draft_s", "target_s", "verify_s", "wall_s")
+           "drafted", "accepted", "rejections", "prefill_s", "draft_s", "target_s", "verify_s", "grammar_s", "wall_s")
 
 
 def _step_counts(k: int, n_acc: int, end: int | None) -> tuple[int, int, int]:

@@ -32,6 +32,7 @@ from edgespec.core.adaptive import AutoGamma
 from edgespec.core.costs import GAMMA_MAX, CostModel
 from edgespec.core.drafters import Drafter
 from edgespec.core.drafters.prediction import PredictionDrafter
+from edgespec.core.drafters.grammar import GrammarDrafter
 from edgespec.core.engine import (
     DEFAULT_MAX_TOKENS,
     VERIFIERS,
@@ -41,11 +42,13 @@ from edgespec.core.engine import (
     GenerationConfig,
     StepEvent,
 )
+from edgespec.core.grammar import Constraint
 from edgespec.core.sampling import SamplingParams
 from edgespec.core.stats import Stats
 from edgespec.models.loader import RuntimeOptions, load_model
 from edgespec.runtime import llama as runtime
 from edgespec.runtime.errors import EdgeSpecError
+from edgespec.runtime.grammar import grammar_tokenizer
 from edgespec.runtime.llama import Model
 from edgespec.service import tools as tooling
 
@@ -125,7 +128,7 @@ class Request:
     parallel_tool_calls: bool = True  # a constrained answer may hold several calls
     # An llguidance grammar (what llguidance.LLMatcher accepts) the output is held to; None: free text.
     # A request that must call a tool gets one for its call (`with_tool_grammar`).
-    grammar: str | None = None
+    grammar: str | None = None  # llguidance grammar spec (service.structured); forced tokens are drafted free
     # The text the answer is expected to be (OpenAI's predicted outputs): drafted from first where
     # the answer follows it (`PredictionDrafter`).
     prediction: str | None = None
@@ -390,13 +393,20 @@ class Session:
     def prepare(self, req: Request) -> tuple[Framed, Engine]:
         """Tokens and an engine for `req` (loads a draft model and the cost profile if needed), so
         a consumer can do the slow part before its clock starts. A prediction drafts ahead of the
-        request's drafter (or alone, with draft 'none')."""
+        request's drafter (or alone, with draft 'none'). A request with a grammar (its own, or a
+        required tool call's) gets its constraint, and its drafter proposes the grammar's forced tokens
+        too (drafters/grammar.py)."""
         req = with_tool_grammar(self.target, req)
         framed = frame(self.target, req)
         drafter = self.drafter(req.draft, req.ngram, req.owner)
         if req.prediction:
             drafter = PredictionDrafter(self.target.tokenize(req.prediction, add_special=False), drafter)
-        return framed, Engine(self.target, drafter, req.policy(), self.cost_model(drafter))
+        costs = self.cost_model(drafter)
+        if req.grammar is None:
+            return framed, Engine(self.target, drafter, req.policy(), costs)
+        grammar = Constraint(grammar_tokenizer(self.target), req.grammar)
+        drafting = None if drafter is None else GrammarDrafter(grammar, drafter)
+        return framed, Engine(self.target, drafting, req.policy(), costs, grammar)
 
     def generate(self, req: Request, stop: threading.Event | None = None,
                  prepared: tuple[Framed, Engine] | None = None) -> Iterator[tuple[StepEvent, Reply]]:
@@ -415,6 +425,8 @@ class Session:
                 yield ev, reply
         finally:
             drafter = engine.drafter
+            if isinstance(drafter, GrammarDrafter):
+                drafter = drafter.inner
             if isinstance(drafter, PredictionDrafter):  # the prediction holds nothing; what it wraps may be kept
                 drafter = drafter.inner
             if drafter is not None and drafter not in self._kept.values():

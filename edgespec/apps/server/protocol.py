@@ -20,11 +20,12 @@ from edgespec.core.sampling import SamplingParams
 from edgespec.runtime.errors import EdgeSpecError, one_line
 from edgespec.service import tools as tooling
 from edgespec.service.session import Reply, Request
+from edgespec.service.structured import StructuredOutputError, json_object_grammar, json_schema_grammar
 
 Kind = Literal["chat", "completion"]
 MAX_BODY = 8 << 20  # bytes
 MAX_STOPS = 16
-FINISH = {"eog": "stop", "stop": "stop", "length": "length", "context": "length", "stopped": "stop"}
+FINISH = {"eog": "stop", "stop": "stop", "grammar": "stop", "length": "length", "context": "length", "stopped": "stop"}
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for a function's name
 
 
@@ -197,7 +198,8 @@ def to_request(body: ChatBody | CompletionBody, defaults: Request, draft_spec: s
         common = dict(draft=draft, gamma=d.gamma if body.gamma is None else str(body.gamma),
                       max_tokens=max_tokens or d.max_tokens, sampling=_sampling(body, d.sampling), stop=stops,
                       reuse_prefix=d.reuse_prefix and body.cache_prompt, stop_at_eog=not body.ignore_eos,
-                      ngram=d.ngram, verifier=d.verifier, prediction=prediction or None)
+                      ngram=d.ngram, verifier=d.verifier, prediction=prediction or None,
+                      grammar=_grammar(body))
         if isinstance(body, CompletionBody):
             return Request(text=_prompt(body), framing="raw", **common), max_tokens is not None
         system, messages = _conversation(body)
@@ -220,13 +222,33 @@ def _unsupported(body: Body) -> None:
                        "distribution that speculative sampling reproduces)", param="presence_penalty")
     if body.logit_bias:
         raise ApiError(400, "logit_bias is not supported", param="logit_bias")
-    kind = (body.response_format or {}).get("type", "text")
-    if kind != "text":
-        # answering anyway would hand an agent text it takes for guaranteed JSON
-        raise ApiError(400, f"response_format {kind!r} is not supported: this server does not constrain the output "
-                       "to JSON or a schema (no grammar sampling), so the reply could be any text; leave "
-                       "response_format out (or use type 'text'), ask for JSON in the prompt and check it",
-                       param="response_format")
+
+
+def _grammar(body: Body) -> str | None:
+    """The grammar `response_format` asks for (service.structured), None for text; a schema the
+    grammar engine cannot handle is a 400 naming the field and the part of the schema."""
+    fmt = body.response_format
+    kind = "text" if fmt is None else fmt.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return json_object_grammar()
+    if kind != "json_schema":
+        raise ApiError(400, f"response_format.type must be 'text', 'json_object' or 'json_schema', got {kind!r}",
+                       param="response_format.type")
+    spec = fmt.get("json_schema")
+    if not isinstance(spec, dict):
+        raise ApiError(400, "response_format.json_schema must be an object ({\"name\", \"schema\", \"strict\"})",
+                       param="response_format.json_schema")
+    schema, strict = spec.get("schema", {"type": "object"}), spec.get("strict") or False
+    if not isinstance(strict, bool):
+        raise ApiError(400, f"response_format.json_schema.strict must be true or false, got {strict!r}",
+                       param="response_format.json_schema.strict")
+    try:
+        return json_schema_grammar(schema, strict=strict)
+    except StructuredOutputError as exc:
+        raise ApiError(400, f"response_format.json_schema.schema: {exc}", "invalid_schema",
+                       param="response_format.json_schema.schema") from None
 
 
 def _draft(body: Body, defaults: Request, draft_spec: str) -> str:
@@ -413,6 +435,7 @@ def summary(reply: Reply) -> dict:
         # by the source that proposed the draft (the suffix drafter: 'context' or 'answers')
         "draft_n_by_source": dict(st.source_drafted),
         "draft_n_accepted_by_source": dict(st.source_accepted),
+        "grammar_ms": 1000 * st.grammar_s,  # a response_format's masks and forced tokens
         # EdgeSpec's (stats.Stats, one definition each)
         "acceptance": st.acceptance_rate,
         "alpha": st.alpha,

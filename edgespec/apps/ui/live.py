@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 from edgespec.core.drafters import LEARNED
+from edgespec.core.grammar import GRAMMAR
 from edgespec.runtime.errors import one_line
 from edgespec.service.pool import ModelPool
 from edgespec.service.session import Reply, Request
@@ -51,11 +52,11 @@ class Tracker:
     @property
     def segments(self) -> list[tuple[str, str]]:
         """(text piece, source) per token; an accepted draft from the learned source shows as
-        'learned', so the two sources of a combined run get their own colours."""
+        'learned' and one a grammar forced as 'grammar', so those sources get their own colours."""
         r = self.reply
         if r is None:
             return []
-        return [(p, LEARNED if s == "draft" and b == LEARNED else s)
+        return [(p, b if s == "draft" and b in (LEARNED, GRAMMAR) else s)
                 for p, s, b in zip(r.pieces, r.sources, r.drafted_by, strict=True)]
 
     @property

@@ -9,18 +9,21 @@ import pandas as pd
 
 from edgespec.apps.ui.live import Tracker
 
-SOURCE_CLASS = {"draft": "tok-draft", "learned": "tok-learned", "target": "tok-target", "bonus": "tok-bonus"}
+SOURCE_CLASS = {"draft": "tok-draft", "learned": "tok-learned", "grammar": "tok-grammar", "target": "tok-target",
+                "bonus": "tok-bonus"}
 
 CSS = """
 .es-out { white-space: pre-wrap; line-height: 1.55; }
 .tok-draft { background: #bbf7d0; color: #14532d; border-radius: 3px; }
 .tok-learned { background: #e9d5ff; color: #3b0764; border-radius: 3px; }
 .tok-bonus { background: #bae6fd; color: #0c4a6e; border-radius: 3px; }
+.tok-grammar { background: #fde68a; color: #713f12; border-radius: 3px; }
 .tok-target { box-shadow: inset 0 0 0 1px #9ca3af; border-radius: 3px; box-decoration-break: clone;
   -webkit-box-decoration-break: clone; }
 .dark .tok-draft { background: #166534; color: #ecfdf5; }
 .dark .tok-learned { background: #6b21a8; color: #faf5ff; }
 .dark .tok-bonus { background: #075985; color: #f0f9ff; }
+.dark .tok-grammar { background: #a16207; color: #fefce8; }
 .dark .tok-target { box-shadow: inset 0 0 0 1px #6b7280; }
 .es-legend span { padding: 1px 6px; margin-right: 8px; }
 .es-stats { font-size: 0.82em; opacity: 0.8; margin-top: 6px; }
@@ -34,6 +37,7 @@ LEGEND = (
     '<div class="es-legend">'
     '<span class="tok-draft">accepted draft token (n-gram or draft model)</span>'
     '<span class="tok-learned">accepted draft token (learned drafter)</span>'
+    '<span class="tok-grammar">accepted draft token (forced by the JSON schema or grammar)</span>'
     '<span class="tok-target">target token (plain step or correction after a rejection)</span>'
     '<span class="tok-bonus">bonus token (all drafts accepted, one more from the same target pass)</span>'
     "</div>"

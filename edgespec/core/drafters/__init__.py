@@ -42,19 +42,40 @@ class Draft:
 
     tokens: [k] token ids.
     probs: [k, V] processed draft distributions q_i the tokens were sampled from, or None when the
-    drafter is deterministic (q_i is one-hot at tokens[i]; n-gram lookup, greedy drafting).
+    drafter is deterministic (q_i is one-hot at tokens[i]; n-gram lookup, greedy drafting). After
+    `cut`, a row k: the distribution of the refused token that followed (the verifier resamples from
+    its residual, sampling.verify_stochastic).
+    source: which drafter proposed it, for token provenance ('' = the drafter's name).
+    sources: per token, when the draft mixes sources (a grammar's forced tokens around another
+    drafter's, drafters/grammar.py); empty: every token is `source`'s.
     """
 
     tokens: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int32))
     probs: np.ndarray | None = None
-    source: str = ""  # which drafter proposed it, for token provenance ('' = the drafter's name)
+    source: str = ""
+    sources: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     def head(self, k: int) -> Draft:
-        """The first k proposed tokens."""
-        return Draft(self.tokens[:k], None if self.probs is None else self.probs[:k], self.source)
+        """The first k proposed tokens (the rest not verified, so the token after them is the target's own)."""
+        return Draft(self.tokens[:k], None if self.probs is None else self.probs[:k], self.source, self.sources[:k])
+
+    def cut(self, k: int) -> Draft:
+        """The first k proposed tokens where the (k+1)-th was refused (a grammar forbids it): as
+        `head`, but a sampled draft keeps that token's distribution as probs' row k, since the token
+        after an accepted prefix is then the rejection's residual (verify_stochastic)."""
+        if k >= len(self):
+            return self
+        probs = None if self.probs is None else self.probs[: k + 1]
+        return Draft(self.tokens[:k], probs, self.source, self.sources[:k])
+
+    def provenance(self, default: str) -> list[str]:
+        """Who proposed each token (`default`: the drafter's name, for tokens that name none)."""
+        if self.sources:
+            return [s or default for s in self.sources]
+        return [self.source or default] * len(self)
 
 
 @dataclass(frozen=True)
@@ -76,6 +97,9 @@ class Hint:
     held-out figure): gamma auto does not probe where even that would not pay on this machine.
     copies: the proposal copies on from a matched span of the context (n-gram lookup), so draft
     token j continues a match of size + j - 1 and acceptance is read per size along the draft.
+    certain: the proposal starts with this many tokens that are certain (acceptance 1) and free (no
+    drafting cost: tokens a grammar forces, drafters/grammar.py); size, confidence and the rest
+    describe the proposal after them.
     confidence: the drafter's own estimate, per draft position j (0-based), that token j is accepted
     once the tokens before it were (a frequency-scored candidate: how often the matched text went on
     this way, calibrated by the drafter's record); the proposal has len(confidence) tokens. Gamma auto
@@ -89,6 +113,7 @@ class Hint:
     copies: bool = False
     confidence: tuple[float, ...] = ()
     catch_up_s: float = 0.0
+    certain: int = 0
 
     @classmethod
     def nothing(cls, source: str = "") -> Hint:
@@ -121,7 +146,9 @@ class Drafter(Protocol):
         produced the newest committed token."""
 
     def propose(self, context: Sequence[int], gamma: int) -> Draft:
-        """Propose up to `gamma` tokens to follow `context` (prompt + committed output)."""
+        """Propose up to `gamma` tokens to follow `context` (prompt + committed output, and maybe
+        tokens proposed ahead of this drafter's in the same draft: a grammar's forced tokens,
+        drafters/grammar.py; `hint` was asked about the same context)."""
 
     def commit(self, context: Sequence[int], n_accepted: int) -> None:
         """The target accepted `n_accepted` tokens of the last proposal; `context` is everything

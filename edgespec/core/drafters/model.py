@@ -111,6 +111,7 @@ class ModelDrafter:
 
     def commit(self, context: Sequence[int], n_accepted: int) -> None:
         self._sync(context)
+        self._committed = self.draft.n_past  # the cache now holds committed tokens only
 
     def draft_cost_s(self) -> float:
         """T_d(1): each draft token but the first is a one-row pass (the first's extra rows are the
@@ -125,8 +126,8 @@ class ModelDrafter:
         gamma = min(gamma, self.draft.n_ctx - len(context) + 1)
         if gamma <= 0:
             return Draft()
+        # (not all of `context` is known to be committed: a grammar's forced tokens may lead it)
         feed = [int(t) for t in context[self.draft.n_past :]]
-        self._committed = len(context)
         greedy = self._sampling.greedy
         tokens: list[int] = []
         probs: list[np.ndarray] = []
