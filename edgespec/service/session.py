@@ -31,8 +31,8 @@ from edgespec.core import drafters as registry
 from edgespec.core.adaptive import AutoGamma
 from edgespec.core.costs import GAMMA_MAX, CostModel
 from edgespec.core.drafters import Drafter
-from edgespec.core.drafters.prediction import PredictionDrafter
 from edgespec.core.drafters.grammar import GrammarDrafter
+from edgespec.core.drafters.prediction import PredictionDrafter
 from edgespec.core.engine import (
     DEFAULT_MAX_TOKENS,
     VERIFIERS,
