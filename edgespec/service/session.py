@@ -15,6 +15,9 @@ the longest prefix of its prompt that the cache already holds (engine.py, "Prefi
 chat turn costs the new turn, not the whole conversation. `Conversation` keeps a multi-turn chat
 for the terminal; the UI and the server send the whole conversation each turn and get the same
 reuse. `Request.reuse_prefix=False` clears the cache first (bit-for-bit independent of earlier runs).
+Reuse never crosses owners (`Request.owner`): a request of another owner than the one whose requests
+filled the caches (the target's, and a kept draft model's) starts from empty ones, so neither the
+counters (tokens reused) nor the prefill time tell one API key what another's prompts began with.
 """
 
 from __future__ import annotations
@@ -108,8 +111,9 @@ class Request:
     stop: tuple[str, ...] = ()  # generation ends before any of these strings
     reuse_prefix: bool = True  # keep the cached prefix of the prompt (False: prefill all of it)
     stop_at_eog: bool = True  # False: an end-of-generation token is just another token
-    # Whose earlier answers a drafter that learns from them reads and adds to ('' = this machine's
-    # user; the server: a digest of the client's API key): one owner's answers never draft for another.
+    # Whose request it is ('' = this machine's user; the server: a digest of the client's API key):
+    # one owner's earlier answers never draft for another, and one owner's cached prompt is never
+    # reused for another (Session).
     owner: str = ""
 
     def __post_init__(self) -> None:
@@ -319,6 +323,7 @@ class Session:
         self.target = target
         self.opts = opts
         self._kept: dict[str, Drafter] = {}  # drafters that load a model are kept between requests
+        self._owner: str | None = None  # whose requests filled the caches (None: nobody's yet)
         # Called with the fraction done while the target's cost profile is measured (its first use
         # with this set-up: seconds to minutes), so a consumer can say why nothing happens yet.
         self.on_profile: Callable[[float], None] | None = None
@@ -341,6 +346,18 @@ class Session:
             return self._kept[key]
         return registry.build(spec, self.target, self.opts, ngram, owner)
 
+    def _serve(self, owner: str) -> None:
+        """Before a generation for `owner`: caches another owner's requests filled are emptied (the
+        target's KV cache; a kept drafter's model, reloaded for this owner), so no prefix of theirs is
+        reused for this one."""
+        if owner == self._owner:
+            return
+        self.target.reset()
+        for d in self._kept.values():
+            d.close()
+        self._kept.clear()
+        self._owner = owner
+
     def cost_model(self, drafter: Drafter | None) -> CostModel | None:
         """The one cost model for this target and drafter (stored profile; measured on first use)."""
         if drafter is None:
@@ -351,6 +368,7 @@ class Session:
         """Tokens and an engine for `req` (loads a draft model and the cost profile if needed), so
         a consumer can do the slow part before its clock starts."""
         framed = frame(self.target, req)
+        self._serve(req.owner)
         drafter = self.drafter(req.draft, req.ngram, req.owner)
         return framed, Engine(self.target, drafter, req.policy(), self.cost_model(drafter))
 
