@@ -179,11 +179,13 @@ def frame(model: Model, req: Request) -> Framed:
                 "use framing transcript, qa or raw"
             )
         msgs = ([{"role": "system", "content": req.system}] if req.system else []) + list(messages)
-        rendered = model.apply_chat_template(msgs)
+        # Only the template's own markers become control tokens: "<|im_end|>" inside a message is text,
+        # or pasted text could end a turn and open a forged system turn.
+        parts = model.chat_parts(msgs)
         # A template that writes the BOS text itself must not get a second BOS from the tokenizer.
         info = model.info
-        own_bos = info.add_bos and info.bos >= 0 and rendered.startswith(model.token_text(info.bos))
-        return Framed(model.tokenize(rendered, add_special=not own_bos, parse_special=True), framing, ())
+        own_bos = info.add_bos and info.bos >= 0 and parts[0][0].startswith(model.token_text(info.bos))
+        return Framed(model.tokenize_parts(parts, add_special=not own_bos), framing, ())
     if framing == "transcript":
         lines = [req.system.strip(), ""] if req.system else []
         for m in messages:
