@@ -397,3 +397,21 @@ def test_verify_cost(tmp_path):
     assert (tmp_path / "verify_cost.png").read_bytes()[:4] == b"\x89PNG"
     bad = run_app("bench", "--verify-cost", "--max-k", "1", timeout=60)
     assert bad.returncode == 1 and "--max-k must be >= 2" in bad.stderr
+
+
+def test_an_earlier_run_is_not_replaced_without_force(tmp_path):
+    """`bench --out EXISTING_DIR` replaced the earlier run's report.md and results (issue 44): it is
+    refused in one line before anything runs, and --force lets the run go on."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "results.json").write_text('{"earlier": true}')
+    suite = str(write_suite(tmp_path / "s.jsonl", TINY))
+    r = run_app("bench", "--suite", suite, "--out", str(out), timeout=60)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert f"{out} already holds an earlier run (results.json); add --force" in r.stderr
+    assert (out / "results.json").read_text() == '{"earlier": true}'
+    (out / "verify_cost.md").write_text("earlier")
+    cost = run_app("bench", "--verify-cost", "--out", str(out), timeout=60)
+    assert cost.returncode == 1 and "already holds an earlier run (verify_cost.md)" in cost.stderr
+    forced = run_app("bench", "--suite", suite, "--category", "math", "--out", str(out), "--force", timeout=60)
+    assert forced.returncode == 1 and "no prompts in category 'math'" in forced.stderr  # past the check

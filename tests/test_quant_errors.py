@@ -97,3 +97,53 @@ def test_report_refuses_an_unwritable_output_folder_before_measuring(tiny: Path)
     proc = _run("quant", "report", "--reference", str(tiny), str(tiny), "--prompts", str(PROMPTS),
                 "--out", "/proc/edgespec-report")
     _assert_one_line_error(proc, "cannot write the report in /proc")
+
+
+def _special_file(path: Path, kind: str) -> Path:
+    """A character device like /dev/null (needs root), a FIFO or a socket at `path`."""
+    import os
+    import socket
+    import stat
+
+    if kind == "device":
+        if os.geteuid() != 0:
+            pytest.skip("making a device node needs root")
+        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3))  # /dev/null's numbers
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(path))
+        s.close()
+    return path
+
+
+@pytest.mark.parametrize("kind, what", [("device", "a character device"), ("fifo", "a named pipe"),
+                                        ("socket", "a socket")])
+def test_an_output_that_is_no_regular_file_is_left_alone(tiny: Path, tmp_path: Path, kind: str, what: str) -> None:
+    """`quant convert IN /dev/null` run as root replaced /dev/null with a regular file (issue 44): a
+    device, FIFO or socket at the output path is refused in one line and stays what it was."""
+    import stat
+
+    out = _special_file(tmp_path / "out.gguf", kind)
+    before = out.lstat()
+    _assert_one_line_error(_run("quant", "convert", str(tiny), str(out), "--to", "q8_0", "--no-progress"),
+                           f"the output path {out} exists and is {what}")
+    after = out.lstat()
+    assert stat.S_IFMT(after.st_mode) == stat.S_IFMT(before.st_mode) and after.st_ino == before.st_ino
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.gguf", "tiny.gguf"]  # no temporary file left
+
+
+def test_the_atomic_writer_refuses_what_is_no_regular_file(tmp_path: Path) -> None:
+    from edgespec.models.output import atomic_output
+
+    fifo = _special_file(tmp_path / "fifo", "fifo")
+    with pytest.raises(EdgeSpecError, match="exists and is a named pipe"), atomic_output(fifo) as tmp:
+        tmp.write_bytes(b"x")
+    with pytest.raises(EdgeSpecError, match="exists and is a folder"), atomic_output(tmp_path) as tmp:
+        tmp.write_bytes(b"x")
+    link = tmp_path / "link"
+    link.symlink_to(fifo)  # followed: what it points at is what would be replaced
+    with pytest.raises(EdgeSpecError, match="named pipe"), atomic_output(link) as tmp:
+        tmp.write_bytes(b"x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "link"]

@@ -1,7 +1,8 @@
 """Earlier answers through the real server (`serve --draft suffix`, 127.0.0.1, the official `openai`
 client): a key's answers draft its later requests and never another key's, the sources show in
 the per-token provenance and in `timings`, `--answers shared` lets every client use one cache, and
-a request may pick any drafter that loads no model."""
+a request may pick any drafter that loads no model. Neither the prefix cache nor its counters tell
+one key what another's prompt was, and one key's answers never evict another's."""
 
 from __future__ import annotations
 
@@ -79,6 +80,42 @@ def test_every_key_is_checked(server):
                    content=json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}))
     assert r.status_code == 401
     assert ask(server, BOB, "Say hi.", max_tokens=4).choices[0].message.content is not None
+
+
+def test_one_keys_prompt_is_never_reused_for_another(server):
+    """Issue 44: after key A sent "My bank PIN is 4821...", key B's guesses read cache_n 33 for
+    "...PIN is 4821", 31 for "...PIN is 48", 29 for "...PIN is 9999" (and prompt_ms followed): B
+    recovered A's prompt token by token. Now a request of B right after A's reuses nothing (counters 0,
+    every prompt token prefilled, whatever A wrote), while B's own prefix is still reused for B."""
+    seen = {}
+    for secret in ("My bank PIN is 4821. Remember it.", "Tell me a short story about a dragon."):
+        for guess in ("My bank PIN is 4821", "My bank PIN is 48", "My bank PIN is 9999"):
+            ask(server, ALICE, secret, max_tokens=1)
+            r = ask(server, BOB, guess, max_tokens=1)
+            t = r.model_extra["timings"]
+            seen[secret, guess] = (t["cache_n"], r.usage.prompt_tokens_details.cached_tokens, t["prompt_n"],
+                                   r.usage.prompt_tokens)
+    for (_, guess), (cache_n, cached, prompt_n, prompt_tokens) in seen.items():
+        assert cache_n == cached == 0 and prompt_n == prompt_tokens, (guess, seen)
+    # the same work for B whatever A wrote: its prefill time has nothing of A's text to depend on
+    assert len({(g, v) for (_, g), v in seen.items()}) == 3
+    again = ask(server, BOB, "My bank PIN is 9999", max_tokens=1)  # B after B: B's own prompt is reused
+    assert again.model_extra["timings"]["cache_n"] > 0
+
+
+def test_one_keys_answers_never_evict_anothers():
+    """Issue 44: with --answers-tokens 40, key B's repeated request drafted from its earlier answer, and
+    after one request of key A it drafted from the context again (A's answer had evicted B's). The cap
+    is per key now."""
+    served = start_server("--target", MODEL, "--draft", "suffix", "--ctx", "1024", "--flash-attn", "off", "--threads",
+                          "1", "--api-key", f"{ALICE},{BOB}", "--answers-tokens", "40")
+    try:
+        ask(served, BOB, FIRST, max_tokens=24)
+        assert from_answers(ask(served, BOB, FIRST, max_tokens=24))[1] > 0
+        ask(served, ALICE, SECOND, max_tokens=24)
+        assert from_answers(ask(served, BOB, FIRST, max_tokens=24))[1] > 0
+    finally:
+        stop_server(served)
 
 
 def test_a_request_picks_a_drafter_that_loads_no_model(server):

@@ -302,3 +302,33 @@ def test_live_measured_speedup_never_exceeds_tokens_per_target_call(app, gamma):
     if gamma == "0":
         assert details["stats"]["drafted"] == 0 and details["stats"]["tokens_per_call"] <= 1.0
         assert details["speedup"]["predicted"] == pytest.approx(1.0)
+
+
+def test_a_logged_in_user_drafts_from_its_keys_answers_only():
+    """Issue 44: under `serve --ui --api-key A,B` the web UI built its requests with no owner, so every
+    user drafted from one store of earlier answers (B's chats from A's). A logged-in user's requests
+    are its key's, as the API's are; a user name belongs to the key it first logged in with."""
+    import httpx
+
+    from edgespec.apps.args import key_auth, key_owner
+
+    blocks = build_app(OPTS, Defaults(target="smollm2-135m", max_tokens=32))
+    url = start(blocks, port=free_port(), block=False, auth=key_auth("ui-key-a,ui-key-b"))
+    first = "Write a Python function that returns the square of a number."
+    second = "Write a Python function that returns the cube of a number."
+
+    def chat(user: str, key: str, text: str) -> dict:  # a fresh browser session: a conversation of one turn
+        out = run_job(Client(url, verbose=False, auth=(user, key)), chat_args(text, drafter="suffix", gamma="4",
+                                                                               max_tokens=48))
+        assert out[-1] == "", out[-1]
+        return out[2]["stats"]
+
+    try:
+        chat("alice", "ui-key-a", first)
+        assert chat("alice", "ui-key-a", second)["source_accepted"].get("answers", 0) > 0
+        assert chat("bob", "ui-key-b", second)["source_drafted"].get("answers", 0) == 0
+        assert blocks.edgespec.owner("alice") == key_owner("ui-key-a") != blocks.edgespec.owner("bob")
+        refused = httpx.post(url.rstrip("/") + "/login", data={"username": "alice", "password": "ui-key-b"}, timeout=30)
+        assert refused.status_code == 400
+    finally:
+        blocks.close()

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import hmac
 import ipaddress
 import json
 import socket
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
@@ -208,14 +210,41 @@ def check_exposure(host: str, api_key: str | None) -> None:
                             "the web UI asks for it as the password) or keep the default --host 127.0.0.1")
 
 
-def key_auth(key: str) -> Callable[[str, str], bool]:
-    """Gradio's login check for the web UI: any user name, an API key (of `api_keys(key)`) as the password."""
-    keys = api_keys(key)
+def key_owner(key: str) -> str:
+    """Whose requests a client's key makes them (Request.owner): a digest of the key (the key itself is
+    never kept). The API (`serve`) and the web UI's login derive it alike, so a user's chats and API
+    calls share their earlier answers and cached prompts, and never another key's."""
+    return "key:" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
-    def auth(user: str, password: str) -> bool:
-        return any(hmac.compare_digest(password.encode(), k.encode()) for k in keys)
 
-    return auth
+class KeyLogin:
+    """Gradio's login check for the web UI: any user name, an API key (of `api_keys(key)`) as the
+    password, and the owner of a logged-in user's requests (`owner`): its key's, as for the API
+    ('' for every user with `shared` answers). A user name belongs to the key it first logged in with:
+    a login with that name and another key is refused, so no one takes over another key's owner by
+    its user name."""
+
+    def __init__(self, key: str, shared: bool = False) -> None:
+        self.keys = api_keys(key)
+        self.shared = shared
+        self._owners: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, user: str, password: str) -> bool:
+        key = next((k for k in self.keys if hmac.compare_digest(password.encode(), k.encode())), None)
+        if key is None:
+            return False
+        with self._lock:
+            return self._owners.setdefault(user, key_owner(key)) == key_owner(key)
+
+    def owner(self, user: str | None) -> str:
+        """The owner of a logged-in user's requests ('' with shared answers or for no login)."""
+        return "" if self.shared else self._owners.get(user or "", "")
+
+
+def key_auth(key: str, shared: bool = False) -> KeyLogin:
+    """The web UI's login for --api-key `key` (KeyLogin)."""
+    return KeyLogin(key, shared)
 
 
 def request_from_args(args: argparse.Namespace, text: str) -> Request:

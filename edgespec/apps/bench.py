@@ -61,10 +61,22 @@ def build_parser() -> argparse.ArgumentParser:
                     help="draft model for llama.cpp's draft-simple (default: the first --draft model:NAME)")
     ap.add_argument("--out", default=None, type=not_empty("give a folder for results.json, report.md and plots"),
                     help="output folder (results.json, report.md, plots)")
+    ap.add_argument("--force", action="store_true", help="replace an earlier run's results in --out")
     ap.add_argument("--verify-cost", action="store_true", help="measure T(K)/T(1) for K = 1..--max-k and the speedup ceiling")
     ap.add_argument("--max-k", type=int, default=32, help="largest K for --verify-cost (default 32)")
     add_runtime_args(ap)
     return ap
+
+
+def check_out(out: str | None, names: tuple[str, ...], force: bool) -> None:
+    """Refuse an --out folder that holds an earlier run's `names` unless `force`: a new run would
+    replace them without a word."""
+    if out is None or force:
+        return
+    earlier = [n for n in names if (Path(out) / n).exists()]
+    if earlier:
+        raise EdgeSpecError(f"{out} already holds an earlier run ({', '.join(earlier)}); add --force to replace it, "
+                            "or choose another --out")
 
 
 def main(argv: list[str]) -> int:
@@ -75,6 +87,7 @@ def main(argv: list[str]) -> int:
     target = args.target or DEFAULT_TARGET
     opts = runtime_options(args)
     if args.verify_cost:
+        check_out(args.out, ("verify_cost.json", "verify_cost.md"), args.force)
         res = verify_cost(target, opts, args.max_k, args.repeats, args.out)
         from edgespec.service.bench.report import verify_cost_markdown
 
@@ -84,6 +97,7 @@ def main(argv: list[str]) -> int:
         raise EdgeSpecError("bench needs --suite FILE.jsonl (or --verify-cost)")
     if args.out is None:
         raise EdgeSpecError("bench needs --out DIR for results.json, report.md and plots")
+    check_out(args.out, ("results.json", "report.md"), args.force)
     s = BenchSettings(
         suites=args.suite,
         target=target,

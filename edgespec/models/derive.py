@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from edgespec.models.bundled import bundled_path
+from edgespec.models.output import atomic_output
 from edgespec.runtime import env
 from edgespec.runtime import llama as runtime
 from edgespec.runtime.errors import EdgeSpecError
@@ -34,14 +35,10 @@ def requantize(src: Path, dst: Path, to: str) -> Path:
     except OSError as exc:
         raise EdgeSpecError(f"cannot make the folder {dst.parent} for {dst.name} ({exc.strerror or exc}); "
                             "choose another --out") from None
-    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
-    try:
+    with atomic_output(dst) as tmp:
         rc = llama.llama_model_quantize(str(src).encode(), str(tmp).encode(), params)
         if rc != 0:
             raise EdgeSpecError(f"llama.cpp could not requantize {src.name} to {to} (code {rc})")
-        os.replace(tmp, dst)
-    finally:
-        tmp.unlink(missing_ok=True)
     return dst
 
 

@@ -9,6 +9,7 @@ list multiplication or power that builds huge values. A refused or failing templ
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -86,3 +87,43 @@ def render_chat_template(template: str, messages: Sequence[dict[str, Any]], *, a
         raise EdgeSpecError(f"the chat template of {name} recursed too deeply") from None
     except Exception as exc:  # a template can raise anything its expressions raise
         raise EdgeSpecError(f"the chat template of {name} failed: {one_line(exc, typed=True)}") from None
+
+
+# Stands in for message i's content while the template renders, to find where contents land (private-use
+# characters: no chat text or template marker holds them).
+_SLOT = "\ue000{}\ue001"
+_SLOT_RE = re.compile("\ue000(\\d+)\ue001")
+
+
+def chat_parts(template: str, messages: Sequence[dict[str, str]], rendered: str, **kw: object) -> list[tuple[str, bool]]:
+    """`rendered` (the template's output for `messages`) cut into (text, is the template's own) parts,
+    so that a message's content is tokenized as text and only the template's markers may become
+    control tokens. Where the contents land is found by rendering the template again with a slot in
+    place of each content; a content is matched as given or with its edge whitespace trimmed (templates
+    that `trim` it). A template that moves contents any other way is refused in one line."""
+    texted = [i for i, m in enumerate(messages) if isinstance(m.get("content"), str)]  # not a tool call's null
+    slotted = render_chat_template(
+        template, [{**m, "content": _SLOT.format(i)} if i in texted else m for i, m in enumerate(messages)], **kw)
+    pieces = _SLOT_RE.split(slotted)  # template text, slot number, template text, ...
+    texts, slots = pieces[0::2], [int(i) for i in pieces[1::2]]
+    name = kw.get("name", "this model")
+    if slots != texted:
+        raise EdgeSpecError(f"the chat template of {name} does not place each message once, in order, so a message "
+                            "holding its control-token text cannot be kept apart from its markers; remove that text")
+    changed = EdgeSpecError(f"the chat template of {name} changes message contents, so a message holding its "
+                            "control-token text cannot be kept apart from its markers; remove that text")
+    if not rendered.startswith(texts[0]):
+        raise changed
+    parts: list[tuple[str, bool]] = [(texts[0], True)]
+    pos = len(texts[0])
+    for i, after in zip(slots, texts[1:], strict=True):
+        content = str(messages[i].get("content", ""))
+        found = next((c for c in dict.fromkeys((content, content.strip(), content.lstrip(), content.rstrip()))
+                      if rendered.startswith(c + after, pos)), None)
+        if found is None:
+            raise changed
+        parts += [(found, False), (after, True)]
+        pos += len(found) + len(after)
+    if pos != len(rendered):
+        raise changed
+    return parts

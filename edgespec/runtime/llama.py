@@ -15,6 +15,7 @@ import codecs
 import ctypes
 import os
 import queue
+import re
 import signal
 import threading
 from collections.abc import Callable, Sequence
@@ -27,7 +28,7 @@ from typing import Any, Literal
 import numpy as np
 
 from edgespec.runtime import backend, env
-from edgespec.runtime.chat_template import render_chat_template
+from edgespec.runtime.chat_template import chat_parts, render_chat_template
 from edgespec.runtime.errors import EdgeSpecError
 
 FlashAttn = Literal["auto", "on", "off"]
@@ -475,15 +476,77 @@ class Model:
         the prompt is exactly the model author's format (SmolLM2's template, for one, adds its
         default system message when there is none). `tools`: OpenAI function tools, passed to the
         template as `tools`."""
+        return render_chat_template(self._template(), messages, **self._template_kw(add_assistant, tools))
+
+    def chat_parts(self, messages: Sequence[dict[str, Any]], add_assistant: bool = True,
+                   tools: Sequence[dict[str, Any]] | None = None) -> list[tuple[str, bool]]:
+        """The rendered chat as (text, is the template's own) parts for `tokenize_parts`: a message's
+        content is text, even where it holds a control token's text ("<|im_end|>" pasted into a
+        message must not end the turn); one part when no content holds any."""
+        rendered = self.apply_chat_template(messages, add_assistant, tools)
+        pattern = self._control[1]
+        if pattern is None or not any(isinstance(m.get("content"), str) and pattern.search(m["content"])
+                                      for m in messages):
+            return [(rendered, True)]
+        return chat_parts(self._template(), messages, rendered, **self._template_kw(add_assistant, tools))
+
+    def _template(self) -> str:
         tmpl = self.chat_template()
         if tmpl is None:
             raise EdgeSpecError(f"{Path(self.path).name} has no chat template in its metadata; drop --chat")
+        return tmpl
+
+    def _template_kw(self, add_assistant: bool, tools: Sequence[dict[str, Any]] | None = None) -> dict:
         bos, eos = self.info.bos, self.info.eos
-        return render_chat_template(
-            tmpl, messages, add_generation_prompt=add_assistant, name=Path(self.path).name,
-            bos_token=self.token_text(bos) if bos >= 0 else "", eos_token=self.token_text(eos) if eos >= 0 else "",
-            tools=tools,
-        )
+        return {"add_generation_prompt": add_assistant, "name": Path(self.path).name,
+                "bos_token": self.token_text(bos) if bos >= 0 else "",
+                "eos_token": self.token_text(eos) if eos >= 0 else "", "tools": tools}
+
+    @cached_property
+    def _control(self) -> tuple[dict[str, tuple[int, int]], re.Pattern | None]:
+        """What tokenizing with parse_special turns into control (or unknown) tokens: their text ->
+        (id, attributes), and a pattern that finds them, longest first."""
+        llama = lib()
+        mask = llama.LLAMA_TOKEN_ATTR_CONTROL | llama.LLAMA_TOKEN_ATTR_UNKNOWN
+        found: dict[str, tuple[int, int]] = {}
+        for t in range(self.n_vocab):
+            attr = llama.llama_vocab_get_attr(self._vocab, t)
+            if attr & mask and self.token_text(t):
+                found.setdefault(self.token_text(t), (t, attr))
+        if not found:
+            return found, None
+        return found, re.compile("|".join(re.escape(x) for x in sorted(found, key=len, reverse=True)))
+
+    def tokenize_parts(self, parts: Sequence[tuple[str, bool]], *, add_special: bool = True) -> list[int]:
+        """Tokens of a text given as (text, may hold control tokens) parts (`chat_parts`): control-token
+        text becomes its token only in the parts that may hold it, and is plain text elsewhere. As
+        llama.cpp's tokenizer does with parse_special: the text is cut at control tokens and what lies
+        between them is tokenized as text (whitespace beside a token that strips it dropped)."""
+        if all(markers for _, markers in parts):
+            return self.tokenize("".join(t for t, _ in parts), add_special=add_special, parse_special=True)
+        llama = lib()
+        specials, pattern = self._control
+        info = self.info
+        out = [info.bos] if add_special and info.add_bos and info.bos >= 0 else []
+        raw, strip_next = "", False
+        for text, markers in parts:
+            pos = 0
+            for m in pattern.finditer(text) if markers and pattern is not None else ():
+                tok, attr = specials[m.group()]
+                left = raw + _lstrip(text[pos : m.start()], strip_next)
+                out += self._text_tokens(left.rstrip(_WS) if attr & llama.LLAMA_TOKEN_ATTR_LSTRIP else left)
+                out.append(tok)
+                raw, pos, strip_next = "", m.end(), bool(attr & llama.LLAMA_TOKEN_ATTR_RSTRIP)
+            rest = _lstrip(text[pos:], strip_next)
+            strip_next = strip_next and not rest
+            raw += rest
+        out += self._text_tokens(raw)
+        if add_special and info.add_eos and info.eos >= 0:
+            out.append(info.eos)
+        return out
+
+    def _text_tokens(self, text: str) -> list[int]:
+        return self.tokenize(text, add_special=False) if text else []
 
     # ----------------------------------------------------------------------------- cache
     @property
@@ -627,3 +690,10 @@ class TextStream:
 
     def flush(self) -> str:
         return self._dec.decode(b"", final=True)
+
+
+_WS = " \t\n\v\f\r"  # what llama.cpp's isspace strips beside a token with the LSTRIP/RSTRIP attribute
+
+
+def _lstrip(text: str, strip: bool) -> str:
+    return text.lstrip(_WS) if strip else text

@@ -15,6 +15,9 @@ the longest prefix of its prompt that the cache already holds (engine.py, "Prefi
 chat turn costs the new turn, not the whole conversation. `Conversation` keeps a multi-turn chat
 for the terminal; the UI and the server send the whole conversation each turn and get the same
 reuse. `Request.reuse_prefix=False` clears the cache first (bit-for-bit independent of earlier runs).
+Reuse never crosses owners (`Request.owner`): a request of another owner than the one whose requests
+filled the caches (the target's, and a kept draft model's) starts from empty ones, so neither the
+counters (tokens reused) nor the prefill time tell one API key what another's prompts began with.
 """
 
 from __future__ import annotations
@@ -116,8 +119,9 @@ class Request:
     stop: tuple[str, ...] = ()  # generation ends before any of these strings
     reuse_prefix: bool = True  # keep the cached prefix of the prompt (False: prefill all of it)
     stop_at_eog: bool = True  # False: an end-of-generation token is just another token
-    # Whose earlier answers a drafter that learns from them reads and adds to ('' = this machine's
-    # user; the server: a digest of the client's API key): one owner's answers never draft for another.
+    # Whose request it is ('' = this machine's user; the server: a digest of the client's API key):
+    # one owner's earlier answers never draft for another, and one owner's cached prompt is never
+    # reused for another (Session).
     owner: str = ""
     # OpenAI function tools ({"type": "function", "function": {"name", "description", "parameters"}}),
     # shown to the model through its chat template (`tools.render`), and whether it may call them:
@@ -208,14 +212,16 @@ def frame(model: Model, req: Request) -> Framed:
                 "use framing transcript, qa or raw"
             )
         msgs = ([{"role": "system", "content": req.system}] if req.system else []) + list(messages)
+        # Only the template's own markers become control tokens: "<|im_end|>" inside a message is text,
+        # or pasted text could end a turn and open a forged system turn.
         if req.tools or tooling.has_tool_turns(msgs):
-            rendered = tooling.render(model, msgs, tooling.shown_tools(req.tools, req.tool_choice))
+            parts = tooling.render(model, msgs, tooling.shown_tools(req.tools, req.tool_choice))
         else:
-            rendered = model.apply_chat_template(msgs)
+            parts = model.chat_parts(msgs)
         # A template that writes the BOS text itself must not get a second BOS from the tokenizer.
         info = model.info
-        own_bos = info.add_bos and info.bos >= 0 and rendered.startswith(model.token_text(info.bos))
-        return Framed(model.tokenize(rendered, add_special=not own_bos, parse_special=True), framing, ())
+        own_bos = info.add_bos and info.bos >= 0 and parts[0][0].startswith(model.token_text(info.bos))
+        return Framed(model.tokenize_parts(parts, add_special=not own_bos), framing, ())
     if framing == "transcript":
         convo = ([{"role": "system", "content": req.system}] if req.system else []) + list(messages)
         if req.tools or tooling.has_tool_turns(convo):  # no template: tools, calls and results as text
@@ -362,6 +368,7 @@ class Session:
         self.target = target
         self.opts = opts
         self._kept: dict[str, Drafter] = {}  # drafters that load a model are kept between requests
+        self._owner: str | None = None  # whose requests filled the caches (None: nobody's yet)
         # Called with the fraction done while the target's cost profile is measured (its first use
         # with this set-up: seconds to minutes), so a consumer can say why nothing happens yet.
         self.on_profile: Callable[[float], None] | None = None
@@ -384,6 +391,18 @@ class Session:
             return self._kept[key]
         return registry.build(spec, self.target, self.opts, ngram, owner)
 
+    def _serve(self, owner: str) -> None:
+        """Before a generation for `owner`: caches another owner's requests filled are emptied (the
+        target's KV cache; a kept drafter's model, reloaded for this owner), so no prefix of theirs is
+        reused for this one."""
+        if owner == self._owner:
+            return
+        self.target.reset()
+        for d in self._kept.values():
+            d.close()
+        self._kept.clear()
+        self._owner = owner
+
     def cost_model(self, drafter: Drafter | None) -> CostModel | None:
         """The one cost model for this target and drafter (stored profile; measured on first use)."""
         if drafter is None:
@@ -398,6 +417,7 @@ class Session:
         too (drafters/grammar.py)."""
         req = with_tool_grammar(self.target, req)
         framed = frame(self.target, req)
+        self._serve(req.owner)
         drafter = self.drafter(req.draft, req.ngram, req.owner)
         if req.prediction:
             drafter = PredictionDrafter(self.target.tokenize(req.prediction, add_special=False), drafter)

@@ -291,7 +291,8 @@ def polyfill(messages: Sequence[dict], tools: Sequence[dict] | None, caps: Templ
     return out
 
 
-def render(model: Model, messages: Sequence[dict], tools: Sequence[dict] | None) -> str:
-    """The prompt text of a conversation with tools (module docstring)."""
+def render(model: Model, messages: Sequence[dict], tools: Sequence[dict] | None) -> list[tuple[str, bool]]:
+    """The prompt of a conversation with tools (module docstring), as `Model.chat_parts` cuts it: the
+    messages' contents apart from the template's own markers."""
     caps = template_caps(model)
-    return model.apply_chat_template(polyfill(messages, tools, caps), tools=(tools or None) if caps.tools else None)
+    return model.chat_parts(polyfill(messages, tools, caps), tools=(tools or None) if caps.tools else None)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from edgespec.apps.args import (
     Parser,
     add_generation_args,
+    api_keys,
     check_address,
     check_exposure,
     request_from_args,
@@ -51,8 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="earlier answers the suffix drafter learns from: kept per API key the client sends (default), "
                     "or shared by every client (a single-user desktop)")
     ap.add_argument("--answers-tokens", type=int, default=None, metavar="N",
-                    help="earlier answers kept in memory, in tokens, for all keys together; the oldest go first "
-                    "(default 131072, about 16 MB; 0 keeps none)")
+                    help="earlier answers kept in memory, in tokens, for each key (a key's oldest go first, never "
+                    "another key's; default 131072, about 16 MB; 0 keeps none)")
     ap.add_argument("--answers-persist", action="store_true",
                     help="keep earlier answers between runs under $EDGESPEC_CACHE/answers (one file per model and key, "
                     "at most twice --answers-tokens each)")
@@ -67,12 +68,15 @@ def load(args: argparse.Namespace) -> tuple[Server, ModelPool]:
 
     if args.queue < 0:
         raise EdgeSpecError(f"--queue must be >= 0, got {args.queue}")
-    from edgespec.core.drafters import suffix
+    from edgespec.core.drafters.answer_store import DEFAULT_CACHES, DEFAULT_CAP, STORE
+    from edgespec.service.answer_files import AnswerFiles, default_folder
 
-    cap = suffix.DEFAULT_CAP if args.answers_tokens is None else args.answers_tokens
+    cap = DEFAULT_CAP if args.answers_tokens is None else args.answers_tokens
     if cap < 0:
         raise EdgeSpecError(f"--answers-tokens must be >= 0, got {cap}")
-    suffix.STORE.configure(cap, suffix.AnswerStore.default_folder() if args.answers_persist else None)
+    # every key's cache stays in memory (a key's answers are never dropped for another key's)
+    STORE.configure(cap, AnswerFiles(default_folder()) if args.answers_persist else None,
+                    max(DEFAULT_CACHES, len(api_keys(args.api_key)) + 1))
     target = args.target or DEFAULT_TARGET
     defaults = request_from_args(args, "(server defaults)")
     drafters.split_spec(args.draft)

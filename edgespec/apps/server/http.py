@@ -9,7 +9,6 @@ annotations are module-level names, since FastAPI resolves the string annotation
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import hmac
 import sys
 from collections.abc import AsyncIterator
@@ -22,7 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from edgespec.apps.args import api_keys, key_auth
+from edgespec.apps.args import api_keys, key_auth, key_owner
 from edgespec.apps.server.protocol import (
     ApiError,
     ChatBody,
@@ -84,7 +83,7 @@ class Server:
         token the client sent (checked or not; the key itself is never kept), '' without one or
         when the answers are shared."""
         token = "" if self.shared_answers else _bearer(request)
-        return "key:" + hashlib.sha256(token.encode()).hexdigest()[:16] if token else ""
+        return key_owner(token) if token else ""
 
     def model_card(self) -> dict:
         slot = self.slot
@@ -112,7 +111,8 @@ def create_app(server: Server, ui: gr.Blocks | None = None) -> FastAPI:
 
         from edgespec.apps.ui.render import CSS
 
-        auth = None if server.api_key is None else key_auth(server.api_key)
+        auth = None if server.api_key is None else key_auth(server.api_key, server.shared_answers)
+        ui.edgespec.login = auth  # a logged-in user's requests are its key's, as the API's are
         app = gr.mount_gradio_app(app, ui, path="/ui", css=CSS, theme=gr.themes.Soft(), auth=auth,
                                   auth_message="The password is the server's API key." if auth else None)
     return app

@@ -2,10 +2,10 @@
 
 import argparse
 import time
-from collections.abc import Callable
 
 import gradio as gr
 
+from edgespec.apps.args import KeyLogin
 from edgespec.apps.ui.bench_tab import bench_tab
 from edgespec.apps.ui.chat import build_chat_tab
 from edgespec.apps.ui.context import AppContext, Defaults
@@ -48,11 +48,12 @@ def build_app(opts: RuntimeOptions | None = None, defaults: Defaults | None = No
 
 
 def start(app: gr.Blocks, host: str = "127.0.0.1", port: int | None = None, block: bool = True,
-          auth: Callable[[str, str], bool] | None = None) -> str:
+          auth: KeyLogin | None = None) -> str:
     """Launch `app` with the EdgeSpec theme and CSS; returns the local URL. With block=False the
     server runs on a background thread (close it with app.close()); with block=True this waits
     until the server stops, and Ctrl-C closes it and raises KeyboardInterrupt (exit status 130
     through run_command; Gradio's own wait would swallow it and exit 0)."""
+    app.edgespec.login = auth  # a logged-in user's requests are its key's, as the API's are
     _, url, _ = app.launch(
         server_name=host, server_port=port, prevent_thread_lock=True, css=CSS, theme=gr.themes.Soft(),
         quiet=not block, footer_links=["api"], auth=auth,

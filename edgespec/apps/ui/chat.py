@@ -143,7 +143,7 @@ def _components(d: Defaults) -> SimpleNamespace:
 
 def _request(
     turns_: list[dict], system_: str, kind_: str, gamma_: str, max_tokens_: float, temperature_: float,
-    top_k_: float, top_p_: float, min_p_: float, seed_: float, draft_: str, ngram: tuple[int, int],
+    top_k_: float, top_p_: float, min_p_: float, seed_: float, draft_: str, ngram: tuple[int, int], owner: str = "",
 ) -> Request:
     """The Request for the last turn from the settings as the browser sent them (raises on bad ones)."""
     sampling = SamplingParams(
@@ -158,6 +158,7 @@ def _request(
         ngram=ngram,
         max_tokens=int(max_tokens_),
         sampling=sampling,
+        owner=owner,
     )
 
 
@@ -175,7 +176,7 @@ def _handlers(ctx: AppContext) -> tuple[Callable[..., Iterator[tuple]], Callable
         tr = Tracker()
         try:
             req = _request(turns_, system_, kind_, gamma_, max_tokens_, temperature_, top_k_, top_p_, min_p_, seed_,
-                           draft_, d.ngram)
+                           draft_, d.ngram, ctx.owner(request.username))
         except (EdgeSpecError, TypeError, ValueError) as exc:
             tr.error = one_line(exc, typed=True)
             turns_.pop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+from edgespec.apps.args import KeyLogin
 from edgespec.core import drafters
 from edgespec.core.engine import DEFAULT_MAX_TOKENS
 from edgespec.core.sampling import SamplingParams
@@ -77,12 +78,18 @@ def drafter_spec(kind: str, draft_model: str | None) -> str:
 class AppContext:
     pool: ModelPool
     defaults: Defaults
+    login: KeyLogin | None = None  # set where the app is served with a login (--api-key)
     _stops: dict[tuple[str, str], threading.Event] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def opts(self) -> RuntimeOptions:
         return self.pool.opts
+
+    def owner(self, user: str | None) -> str:
+        """Whose requests a logged-in `user` makes (Request.owner): its key's, as for the API; '' without
+        a login (this machine's user)."""
+        return self.login.owner(user) if self.login is not None else ""
 
     def new_stop(self, session: str, kind: str) -> threading.Event:
         """A fresh stop flag for this session's next `kind` ('chat' | 'race') generation."""

@@ -159,7 +159,8 @@ def build_race_tab(ctx: AppContext) -> None:
             for i in range(0, 5 * N_COLUMNS, 5)
             if rest[i]
         ]
-        yield from race(ctx, prompt_, int(max_tokens_), bool(chat_), cols, request.session_hash or "")
+        yield from race(ctx, prompt_, int(max_tokens_), bool(chat_), cols, request.session_hash or "",
+                        ctx.owner(request.username))
 
     def stop_fn(request: gr.Request) -> None:
         ctx.stop(request.session_hash or "", "race")
@@ -181,8 +182,9 @@ def build_race_tab(ctx: AppContext) -> None:
 
 
 def race(ctx: AppContext, prompt: str, max_tokens: int, chat: bool, cols: list[Column],
-         session: str) -> Iterator[tuple]:
-    """Record each column alone, then replay them together; yields the race tab's outputs."""
+         session: str, owner: str = "") -> Iterator[tuple]:
+    """Record each column alone, then replay them together; yields the race tab's outputs. `owner`:
+    whose requests they are (the login's, Request.owner)."""
     n_out = N_COLUMNS
     empty = [column_html(Column(f"column {i + 1}", "-", "none", "-"), [], "off") for i in range(n_out)]
     if not cols:
@@ -204,7 +206,7 @@ def race(ctx: AppContext, prompt: str, max_tokens: int, chat: bool, cols: list[C
             req = Request(messages=[{"role": "user", "content": prompt}] if chat else None,
                           text=None if chat else prompt, framing="auto" if chat else "raw",
                           draft=col.drafter, gamma=col.gamma, ngram=ctx.defaults.ngram, max_tokens=max_tokens,
-                          reuse_prefix=False)  # every column pays its own prefill: a fair time to first token
+                          reuse_prefix=False, owner=owner)  # every column pays its own prefill: a fair time to first token
         except EdgeSpecError as exc:
             tr.error = one_line(exc)
             runs.append(tr)
