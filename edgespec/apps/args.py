@@ -103,6 +103,11 @@ def add_generation_args(ap: argparse.ArgumentParser) -> None:
     add_runtime_args(ap)
 
 
+def url_host(host: str) -> str:
+    """`host` as a URL writes it: an IPv6 address in brackets (http://[::1]:8000)."""
+    return f"[{host}]" if ":" in host else host
+
+
 def check_address(host: str, port: int) -> None:
     """A bad --host or --port, or a port already taken, as one line before any server starts."""
     if not 1 <= port <= 65535:
@@ -147,6 +152,9 @@ def api_keys(value: str | None) -> tuple[str, ...]:
 def check_exposure(host: str, api_key: str | None) -> None:
     """Refuse to serve the API or the UI beyond this machine without an API key (one line, before
     anything loads)."""
+    if not host.strip():
+        raise EdgeSpecError("--host is empty: give the address to listen on, e.g. 127.0.0.1 (this machine only, the "
+                            "default), ::1, or 0.0.0.0 (every network interface; needs --api-key)")
     if api_key is not None and not api_key.strip():
         raise EdgeSpecError("--api-key is empty")
     if any(not k for k in api_keys(api_key)):

@@ -29,7 +29,7 @@ import numpy as np
 
 from edgespec.core.costs import CostModel
 from edgespec.core.drafters import Draft, Drafter, Hint
-from edgespec.core.sampling import Noise, SamplingParams, verify_greedy, verify_match, verify_stochastic
+from edgespec.core.sampling import Noise, SamplingParams, penalize, verify_greedy, verify_match, verify_stochastic
 from edgespec.core.stats import Stats
 from edgespec.runtime.errors import EdgeSpecError
 from edgespec.runtime.llama import Model, TextStream
@@ -377,6 +377,7 @@ class Engine:
         n_past = self.target.n_past
         batch = [context[-1], *draft.tokens.tolist()]  # [x_last, d_1..d_k]
         logits = self._score(batch)  # p_1..p_{k+1} in parallel: [k+1, V]
+        logits = penalize(logits, context, draft.tokens.tolist(), cfg.sampling)  # row i given context + d_1..d_i
         t2 = time.perf_counter()
         if cfg.sampling.greedy:  # accepted prefix n, then the correction (n < k) or bonus (n = k)
             n, token = verify_greedy(logits, draft.tokens)

@@ -4,11 +4,13 @@ serving until a signal, after which every open stream ends with its final chunk 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import FrameType
@@ -21,6 +23,7 @@ from edgespec.apps.args import (
     check_exposure,
     request_from_args,
     runtime_options,
+    url_host,
 )
 from edgespec.apps.server.http import Server, create_app
 from edgespec.apps.server.worker import ModelSlot
@@ -84,8 +87,9 @@ def load(args: argparse.Namespace) -> tuple[Server, ModelPool]:
         # so that a model whose chat template fails still serves /v1/completions
         warm = replace(defaults, text="Hello", framing="raw", system=None, max_tokens=1, stop=())
         session.run(warm)
+        n_ctx = session.target.n_ctx
     slot = ModelSlot(args.model_id or target, key, pool, args.queue,
-                     aliases=(target, Path(path).name, Path(path).stem, str(path)))
+                     aliases=(target, Path(path).name, Path(path).stem, str(path)), n_ctx=n_ctx)
     return Server(slot, defaults, args.api_key, args.draft, shared_answers=args.answers == "shared"), pool
 
 
@@ -106,17 +110,18 @@ def main(argv: Sequence[str]) -> int:
     app = create_app(server, ui)
     import uvicorn
 
-    where = f"http://{args.host}:{args.port}"
+    where = f"http://{url_host(args.host)}:{args.port}"
     print(f"EdgeSpec server on {where}/v1 (model {server.slot.id!r}, draft {args.draft}, queue {server.slot.queue_size}"
           f"{', API key required' if args.api_key else ''}){f'; UI at {where}/ui' if ui is not None else ''}",
           file=sys.stderr, flush=True)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=2)
-    try:
-        interrupted = run_until_signalled(config, server.slot)
-    finally:
-        server.slot.close()
-        pool.close()
+    with signals_restored():
+        try:
+            interrupted = run_until_signalled(config, server.slot)
+        finally:
+            server.slot.close()
+            pool.close()
     if interrupted:
         raise KeyboardInterrupt  # run_command: "interrupted", exit status 130
     return 0
@@ -125,11 +130,23 @@ def main(argv: Sequence[str]) -> int:
 def run_until_signalled(config: uvicorn.Config, slot: ModelSlot) -> bool:
     """Serve until SIGINT or SIGTERM, then end cleanly: every running and waiting generation is
     stopped (it ends at its next step), so open streams send their final chunk and [DONE] within
-    uvicorn's graceful shutdown instead of being cancelled mid-response. True if SIGINT ended it."""
+    uvicorn's graceful shutdown instead of being cancelled mid-response. True if SIGINT ended it.
+
+    The signal handler stays in place after uvicorn returns, until `signals_restored` ends, once
+    the models are freed: a second Ctrl-C while shutting down only hurries it (uvicorn's force_exit),
+    where uvicorn would re-raise the captured signals, or Python's handler raise KeyboardInterrupt,
+    inside the event loop's teardown (a traceback)."""
     import uvicorn
 
     class Uvicorn(uvicorn.Server):
         interrupted = False
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            if threading.current_thread() is threading.main_thread():
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    signal.signal(sig, self.handle_exit)
+            yield
 
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             # a signal handler: only flags here; the jobs are stopped from the event loop, in shutdown()
@@ -143,3 +160,15 @@ def run_until_signalled(config: uvicorn.Config, slot: ModelSlot) -> bool:
     userver = Uvicorn(config)
     userver.run()
     return userver.interrupted
+
+
+@contextlib.contextmanager
+def signals_restored() -> Iterator[None]:
+    """The SIGINT and SIGTERM handlers as they were before the block, once it ends."""
+    main = threading.current_thread() is threading.main_thread()
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)

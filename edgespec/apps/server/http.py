@@ -12,7 +12,8 @@ import asyncio
 import hashlib
 import hmac
 import sys
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,17 @@ from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from edgespec.apps.args import api_keys, key_auth
-from edgespec.apps.server.protocol import ApiError, ChatBody, CompletionBody, Envelope, Kind, parse, sse, to_request
+from edgespec.apps.server.protocol import (
+    ApiError,
+    ChatBody,
+    CompletionBody,
+    Envelope,
+    Kind,
+    log_line,
+    parse,
+    sse,
+    to_request,
+)
 from edgespec.apps.server.worker import Busy, Closing, Job, Message, ModelSlot
 from edgespec.runtime.errors import one_line
 from edgespec.service.session import Request
@@ -65,15 +76,15 @@ class Server:
         if not token:
             raise ApiError(401, "missing API key: send the header 'Authorization: Bearer KEY'", "invalid_api_key",
                            kind="authentication_error")
-        if not any(hmac.compare_digest(token.encode(), k.encode()) for k in self.keys):
+        if not any(hmac.compare_digest(token, k.encode()) for k in self.keys):
             raise ApiError(401, "incorrect API key", "invalid_api_key", kind="authentication_error")
 
     def owner(self, request: HTTPRequest) -> str:
         """Whose earlier answers the request's drafter uses (Request.owner): a digest of the bearer
         token the client sent (checked or not; the key itself is never kept), '' without one or
         when the answers are shared."""
-        token = "" if self.shared_answers else _bearer(request)
-        return "key:" + hashlib.sha256(token.encode()).hexdigest()[:16] if token else ""
+        token = b"" if self.shared_answers else _bearer(request)
+        return "key:" + hashlib.sha256(token).hexdigest()[:16] if token else ""
 
     def model_card(self) -> dict:
         slot = self.slot
@@ -90,7 +101,7 @@ def create_app(server: Server, ui: gr.Blocks | None = None) -> FastAPI:
     app.add_exception_handler(HTTPException, on_http_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(Exception, on_internal_error)
-    app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route("/health", health, methods=["GET", "HEAD"])  # uptime checkers send HEAD
     app.add_api_route("/", root, methods=["GET"])
     app.add_api_route("/v1/models", list_models, methods=["GET"])
     app.add_api_route("/v1/models/{model_id:path}", get_model, methods=["GET"])
@@ -111,10 +122,12 @@ def _server(request: HTTPRequest) -> Server:
     return request.app.state.server
 
 
-def _bearer(request: HTTPRequest) -> str:
-    """The token of an 'Authorization: Bearer TOKEN' header, '' without one."""
+def _bearer(request: HTTPRequest) -> bytes:
+    """The token of an 'Authorization: Bearer TOKEN' header as the client sent its bytes, b"" without
+    one. Starlette decodes headers as Latin-1, so encoding back gives the bytes; a key is compared
+    as its UTF-8 bytes, which is what curl sends for a key with non-ASCII characters."""
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    return token.strip() if scheme.lower() == "bearer" else ""
+    return token.strip().encode("latin-1") if scheme.lower() == "bearer" else b""
 
 
 # ----------------------------------------------------------------------------- errors
@@ -187,9 +200,10 @@ async def completions(request: HTTPRequest) -> Any:
 async def generate(request: HTTPRequest, kind: Kind) -> Any:
     """Validate, queue, wait for the worker to start (so a refusal is an HTTP error, not a broken
     stream), then stream the tokens or wait for the whole reply."""
+    t0 = time.perf_counter()
     server = _server(request)
     server.check_key(request)
-    body = parse(await request.body(), kind)
+    body = parse(await request.body(), kind, request.headers.get("content-encoding", ""))
     slot = server.slot_for(body.model)
     req, given = server.request(body)
     job = Job(replace(req, owner=server.owner(request)), given, asyncio.get_running_loop())
@@ -200,11 +214,18 @@ async def generate(request: HTTPRequest, kind: Kind) -> Any:
         job.stop.set()
         raise
     env = Envelope.new(kind, server.slot.id)
+    client = request.client.host if request.client else "-"
+
+    def log(s: dict) -> None:
+        print(log_line(kind, s, time.perf_counter() - t0, client), file=sys.stderr, flush=True)
+
     if body.stream:
         usage = bool((body.stream_options or {}).get("include_usage"))
-        return StreamingResponse(stream(job, env, usage), media_type="text/event-stream",
+        return StreamingResponse(stream(job, env, usage, log), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    return env.completion(await finished(job, request))
+    s = await finished(job, request)
+    log(s)
+    return env.completion(s)
 
 
 def submit(slot: ModelSlot, job: Job) -> None:
@@ -250,7 +271,7 @@ async def finished(job: Job, request: HTTPRequest) -> dict:
     return payload
 
 
-async def stream(job: Job, env: Envelope, include_usage: bool) -> AsyncIterator[str]:
+async def stream(job: Job, env: Envelope, include_usage: bool, log: Callable[[dict], None]) -> AsyncIterator[str]:
     """A started job as server-sent events: a chunk per step's tokens, the final chunk, [DONE]."""
     try:
         if env.kind == "chat":
@@ -264,6 +285,7 @@ async def stream(job: Job, env: Envelope, include_usage: bool) -> AsyncIterator[
                 break
             elif what == "done":
                 if payload is not None:
+                    log(payload)
                     yield sse(env.final_chunk(payload))
                     if include_usage:
                         yield sse(env.usage_chunk(payload))
