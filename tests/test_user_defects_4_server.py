@@ -222,6 +222,8 @@ def test_one_log_line_per_request_and_two_ctrl_c_exit_quietly():
         with httpx.stream("POST", served.url + "/v1/completions", timeout=120,
                           json={"prompt": "One, two,", "max_tokens": 5, "stream": True}) as s:
             assert s.status_code == 200 and list(s.iter_lines())
+        bad = httpx.post(served.url + "/v1/chat/completions", timeout=60, json={"messages": []})
+        assert bad.status_code == 400
         time.sleep(0.5)
         served.proc.send_signal(signal.SIGINT)
         time.sleep(0.1)
@@ -238,6 +240,7 @@ def test_one_log_line_per_request_and_two_ctrl_c_exit_quietly():
     for ln in lines:
         assert "127.0.0.1" in ln and "tok/s" in ln and "draft ngram" in ln and "cached" in ln, ln
     assert "Say hi" not in err  # no text of a request in the log
+    assert any(" chat: 400 messages: " in ln for ln in err.splitlines()), err
 
 
 # ----------------------------------------------------------------------------- 30

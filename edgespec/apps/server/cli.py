@@ -118,19 +118,22 @@ def main(argv: Sequence[str]) -> int:
                             timeout_graceful_shutdown=2)
     with signals_restored():
         try:
-            interrupted = run_until_signalled(config, server.slot)
+            ended_by = run_until_signalled(config, server.slot)
         finally:
             server.slot.close()
             pool.close()
-    if interrupted:
+    if ended_by == signal.SIGINT:
         raise KeyboardInterrupt  # run_command: "interrupted", exit status 130
+    if ended_by is not None:
+        signal.raise_signal(ended_by)  # SIGTERM: end as its handler says (killed by it, by default)
     return 0
 
 
-def run_until_signalled(config: uvicorn.Config, slot: ModelSlot) -> bool:
+def run_until_signalled(config: uvicorn.Config, slot: ModelSlot) -> int | None:
     """Serve until SIGINT or SIGTERM, then end cleanly: every running and waiting generation is
     stopped (it ends at its next step), so open streams send their final chunk and [DONE] within
-    uvicorn's graceful shutdown instead of being cancelled mid-response. True if SIGINT ended it.
+    uvicorn's graceful shutdown instead of being cancelled mid-response. Returns the signal that
+    ended it (SIGINT if there was one), None if none did.
 
     The signal handler stays in place after uvicorn returns, until `signals_restored` ends, once
     the models are freed: a second Ctrl-C while shutting down only hurries it (uvicorn's force_exit),
@@ -139,7 +142,7 @@ def run_until_signalled(config: uvicorn.Config, slot: ModelSlot) -> bool:
     import uvicorn
 
     class Uvicorn(uvicorn.Server):
-        interrupted = False
+        ended_by: int | None = None
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
@@ -150,7 +153,7 @@ def run_until_signalled(config: uvicorn.Config, slot: ModelSlot) -> bool:
 
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             # a signal handler: only flags here; the jobs are stopped from the event loop, in shutdown()
-            self.interrupted = self.interrupted or sig == signal.SIGINT
+            self.ended_by = signal.SIGINT if sig == signal.SIGINT else self.ended_by or sig
             super().handle_exit(sig, frame)
 
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
@@ -159,7 +162,7 @@ def run_until_signalled(config: uvicorn.Config, slot: ModelSlot) -> bool:
 
     userver = Uvicorn(config)
     userver.run()
-    return userver.interrupted
+    return userver.ended_by
 
 
 @contextlib.contextmanager

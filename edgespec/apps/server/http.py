@@ -30,7 +30,7 @@ from edgespec.apps.server.protocol import (
     CompletionBody,
     Envelope,
     Kind,
-    log_line,
+    log_summary,
     parse,
     sse,
     to_request,
@@ -198,9 +198,24 @@ async def completions(request: HTTPRequest) -> Any:
 
 # ----------------------------------------------------------------------------- one generation
 async def generate(request: HTTPRequest, kind: Kind) -> Any:
-    """Validate, queue, wait for the worker to start (so a refusal is an HTTP error, not a broken
-    stream), then stream the tokens or wait for the whole reply."""
+    """A generation request, with its line in the server's log (stderr) once it is answered."""
     t0 = time.perf_counter()
+    client = request.client.host if request.client else "-"
+
+    def log(what: str) -> None:
+        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {client} {kind}: {what}, {time.perf_counter() - t0:.2f} s",
+              file=sys.stderr, flush=True)
+
+    try:
+        return await _generate(request, kind, lambda s: log(log_summary(s)))
+    except ApiError as err:
+        log(f"{err.status} {err.message}")
+        raise
+
+
+async def _generate(request: HTTPRequest, kind: Kind, log: Callable[[dict], None]) -> Any:
+    """Validate, queue, wait for the worker to start (so a refusal is an HTTP error, not a broken
+    stream), then stream the tokens or wait for the whole reply; `log` gets the summary."""
     server = _server(request)
     server.check_key(request)
     body = parse(await request.body(), kind, request.headers.get("content-encoding", ""))
@@ -214,11 +229,6 @@ async def generate(request: HTTPRequest, kind: Kind) -> Any:
         job.stop.set()
         raise
     env = Envelope.new(kind, server.slot.id)
-    client = request.client.host if request.client else "-"
-
-    def log(s: dict) -> None:
-        print(log_line(kind, s, time.perf_counter() - t0, client), file=sys.stderr, flush=True)
-
     if body.stream:
         usage = bool((body.stream_options or {}).get("include_usage"))
         return StreamingResponse(stream(job, env, usage, log), media_type="text/event-stream",

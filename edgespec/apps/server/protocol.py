@@ -375,17 +375,16 @@ def summary(reply: Reply) -> dict:
     })
 
 
-def log_line(kind: Kind, s: dict, seconds: float, client: str) -> str:
-    """`serve`'s one line per generation, as llama-server and Ollama print one: when, what, the
-    tokens in (and how many the cache held) and out, speed, the drafter and its acceptance. `s` is
-    the `summary`; no text of the request or the answer."""
+def log_summary(s: dict) -> str:
+    """What `serve`'s line for a finished generation says (llama-server and Ollama print one per
+    request): tokens in (and how many the cache held) and out, speed, the drafter and its
+    acceptance, how it ended. `s` is the `summary`; no text of the request or the answer."""
     t, u = s["timings"], s["usage"]
     rate = "-" if t["predicted_per_second"] is None else f"{t['predicted_per_second']:.1f}"
     drafted = (f", acceptance {t['acceptance']:.2f} ({t['draft_n_accepted']}/{t['draft_n']})"
                if t["draft_n"] and t["acceptance"] is not None else "")
-    return (f"{time.strftime('%Y-%m-%d %H:%M:%S')} {client} {kind}: {u['prompt_tokens']} prompt tokens "
-            f"({t['cache_n']} cached) -> {u['completion_tokens']} tokens, {rate} tok/s, draft {t['drafter']}{drafted}, "
-            f"finish {s['finish']}, {seconds:.2f} s")
+    return (f"{u['prompt_tokens']} prompt tokens ({t['cache_n']} cached) -> {u['completion_tokens']} tokens, "
+            f"{rate} tok/s, draft {t['drafter']}{drafted}, finish {s['finish']}")
 
 
 @dataclass(frozen=True)
