@@ -20,7 +20,7 @@ from edgespec.service.session import Reply, Request, finite
 
 Kind = Literal["chat", "completion"]
 MAX_BODY = 8 << 20  # bytes
-MAX_DEPTH = 32  # nesting of arrays and objects in a body
+MAX_DEPTH = 64  # nesting of arrays and objects in a body (JSON schemas in tools nest; nothing else does)
 GZIP_MAGIC = b"\x1f\x8b"
 MAX_STOPS = 16
 MIN_RATE_TOKENS = 4  # prompt tokens a prefill must decode for timings.prompt_per_second to be given
@@ -304,7 +304,7 @@ def _conversation(body: ChatBody) -> tuple[str | None, list[dict[str, str]]]:
         else:
             raise ApiError(400, f"messages.{i}: role {m.role!r} is not supported (system, user, assistant)",
                            param=f"messages.{i}.role")
-    if not messages:
+    if not any(m["role"] == "user" for m in messages):
         raise ApiError(400, "messages: the conversation has no user message", param="messages")
     return ("\n\n".join(system_parts) if system_parts else None), messages
 
