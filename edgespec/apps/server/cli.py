@@ -136,9 +136,9 @@ def run_until_signalled(config: uvicorn.Config, slot: ModelSlot) -> int | None:
     ended it (SIGINT if there was one), None if none did.
 
     The signal handler stays in place after uvicorn returns, until `signals_restored` ends, once
-    the models are freed: a second Ctrl-C while shutting down only hurries it (uvicorn's force_exit),
-    where uvicorn would re-raise the captured signals, or Python's handler raise KeyboardInterrupt,
-    inside the event loop's teardown (a traceback)."""
+    the models are freed, and a second Ctrl-C while shutting down is taken as the first: uvicorn
+    would re-raise the captured signals, or Python's handler raise KeyboardInterrupt, inside the
+    event loop's teardown, and its force_exit cancels the app's lifespan (tracebacks all three)."""
     import uvicorn
 
     class Uvicorn(uvicorn.Server):
@@ -154,7 +154,9 @@ def run_until_signalled(config: uvicorn.Config, slot: ModelSlot) -> int | None:
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             # a signal handler: only flags here; the jobs are stopped from the event loop, in shutdown()
             self.ended_by = signal.SIGINT if sig == signal.SIGINT else self.ended_by or sig
-            super().handle_exit(sig, frame)
+            if not self.should_exit:  # a second signal changes nothing: uvicorn's force_exit would skip
+                super().handle_exit(sig, frame)  # the app's lifespan shutdown (a CancelledError traceback);
+            # the shutdown is short anyway: the jobs stop at their next step, within timeout_graceful_shutdown
 
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
             slot.stop_all()
