@@ -311,7 +311,7 @@ def ui(tmp_path, monkeypatch):
 
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    blocks = build_app(RuntimeOptions(n_ctx=512), Defaults(target=MODEL, max_tokens=400))
+    blocks = build_app(RuntimeOptions(n_ctx=512), Defaults(target=MODEL, draft="none", max_tokens=400))
     url = start(blocks, port=free_port(), block=False)
     yield blocks, url
     blocks.close()
