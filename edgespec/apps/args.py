@@ -156,6 +156,11 @@ def _read_text(name: str, flag: str) -> str:
         raise EdgeSpecError(f"{flag} {name}: cannot read it ({exc.strerror})") from None
 
 
+def url_host(host: str) -> str:
+    """`host` as a URL writes it: an IPv6 address in brackets (http://[::1]:8000)."""
+    return f"[{host}]" if ":" in host else host
+
+
 def check_address(host: str, port: int) -> None:
     """A bad --host or --port, or a port already taken, as one line before any server starts."""
     if not 1 <= port <= 65535:
@@ -200,6 +205,9 @@ def api_keys(value: str | None) -> tuple[str, ...]:
 def check_exposure(host: str, api_key: str | None) -> None:
     """Refuse to serve the API or the UI beyond this machine without an API key (one line, before
     anything loads)."""
+    if not host.strip():
+        raise EdgeSpecError("--host is empty: give the address to listen on, e.g. 127.0.0.1 (this machine only, the "
+                            "default), ::1, or 0.0.0.0 (every network interface; needs --api-key)")
     if api_key is not None and not api_key.strip():
         raise EdgeSpecError("--api-key is empty")
     if any(not k for k in api_keys(api_key)):
@@ -210,11 +218,11 @@ def check_exposure(host: str, api_key: str | None) -> None:
                             "the web UI asks for it as the password) or keep the default --host 127.0.0.1")
 
 
-def key_owner(key: str) -> str:
+def key_owner(key: str | bytes) -> str:
     """Whose requests a client's key makes them (Request.owner): a digest of the key (the key itself is
     never kept). The API (`serve`) and the web UI's login derive it alike, so a user's chats and API
     calls share their earlier answers and cached prompts, and never another key's."""
-    return "key:" + hashlib.sha256(key.encode()).hexdigest()[:16]
+    return "key:" + hashlib.sha256(key if isinstance(key, bytes) else key.encode()).hexdigest()[:16]
 
 
 class KeyLogin:

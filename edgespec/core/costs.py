@@ -63,11 +63,14 @@ class ModelKind:
     quant: str  # the file type, e.g. 'Q4_K_M'
 
     @classmethod
-    def of(cls, path: str | os.PathLike) -> ModelKind | None:
-        """The kind of the GGUF file at `path`, None when its header cannot be read."""
+    def of(cls, path: str | os.PathLike, size: int | None = None, mtime_ns: int | None = None) -> ModelKind | None:
+        """The kind of the GGUF file at `path`, None when its header cannot be read; `size` and
+        `mtime_ns` as a loaded model recorded them (runtime.model_file), else read from the file."""
         try:
-            st = os.stat(path)
-            return _kind(os.path.realpath(path), st.st_size, st.st_mtime_ns)
+            if size is None or mtime_ns is None:
+                st = os.stat(path)
+                size, mtime_ns = st.st_size, st.st_mtime_ns
+            return _kind(os.path.realpath(path), size, mtime_ns)
         except (OSError, EdgeSpecError):
             return None
 
@@ -128,7 +131,7 @@ class CostModel:
         model = cls({k: prof.pass_s[k] for k in rows}, 0.0, prof.max_rows if runtime.mode() == "exact" else None,
                     gamma_max)
         model.c = model.draft_cost(draft_cost_s)
-        model.target_kind = ModelKind.of(target.path)
+        model.target_kind = ModelKind.of(*target.file.identity)
         return model
 
     def seconds(self, rows: int) -> float:

@@ -33,7 +33,15 @@ import numpy as np
 from edgespec.core.costs import CostModel
 from edgespec.core.drafters import Draft, Drafter, Hint
 from edgespec.core.grammar import GRAMMAR, Constraint
-from edgespec.core.sampling import Noise, SamplingParams, constrain, verify_greedy, verify_match, verify_stochastic
+from edgespec.core.sampling import (
+    Noise,
+    SamplingParams,
+    constrain,
+    penalize,
+    verify_greedy,
+    verify_match,
+    verify_stochastic,
+)
 from edgespec.core.stats import Stats
 from edgespec.runtime.errors import EdgeSpecError
 from edgespec.runtime.llama import Model, TextStream
@@ -390,6 +398,7 @@ class Engine:
         n_past = self.target.n_past
         batch = [context[-1], *draft.tokens.tolist()]  # [x_last, d_1..d_k]
         logits = self._score(batch)  # p_1..p_{k+1} in parallel: [k+1, V]
+        logits = penalize(logits, context, draft.tokens.tolist(), cfg.sampling)  # row i given context + d_1..d_i
         t2 = time.perf_counter()
         if grammar is not None:  # row i: what the grammar allows after d_1..d_i
             logits = constrain(logits, grammar.masks(draft.tokens))

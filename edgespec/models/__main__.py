@@ -16,6 +16,7 @@ from edgespec.models import (
     bundled_path,
     catalog,
     pypi,
+    remove,
     resolve,
     resolve_local,
 )
@@ -213,27 +214,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_remove(args: argparse.Namespace) -> int:
-    from edgespec.models import hub
-
-    entry = catalog.find(args.name)
-    if args.name in BUNDLED or (entry is not None and entry["bundled"]):
-        raise EdgeSpecError(f"{args.name} is bundled as a PyPI package; uninstall the package to remove it")
-    if pypi.is_pypi(entry):
-        removed = pypi.remove(entry)
-        if not removed:
-            raise EdgeSpecError(f"{args.name} is not installed")
-        for p in removed:
-            print(f"removed {p}")
-        return 0
-    if entry is not None:
-        spec = f"{HF_PREFIX}{entry['repo']}:{entry['file']}"
-    elif args.name.startswith(HF_PREFIX):
-        spec = args.name
-    else:
-        resolve(args.name)  # unknown names get suggestions
-        raise EdgeSpecError(f"{args.name} is not in the Hugging Face cache; delete local files yourself")
-    removed = hub.remove(spec)
-    for p in removed:
+    for p in remove(args.name, force=args.force):
         print(f"removed {p}")
     return 0
 
@@ -272,6 +253,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m edgespec.models")
     p.set_defaults(fn=cmd_info)
     p = sub.add_parser("remove", help="delete a downloaded model from the HF cache")
     p.add_argument("name")
+    p.add_argument("--force", action="store_true", help="remove it even while a running program has it loaded")
     p.set_defaults(fn=cmd_remove)
     sub.add_parser("ensure-bundled", help="locate (and assemble) the bundled default models").set_defaults(
         fn=cmd_ensure_bundled)

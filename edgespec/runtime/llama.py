@@ -30,6 +30,7 @@ import numpy as np
 from edgespec.runtime import backend, env
 from edgespec.runtime.chat_template import chat_parts, render_chat_template
 from edgespec.runtime.errors import EdgeSpecError
+from edgespec.runtime.model_file import ModelFile
 
 FlashAttn = Literal["auto", "on", "off"]
 _FLASH = {"auto": -1, "off": 0, "on": 1}
@@ -289,6 +290,7 @@ class Model:
         p = check_gguf_file(path)
         llama = lib()
         self.path = str(p)
+        self.file = ModelFile(p)
         self._load_weights(llama, p, repack, devices, device, progress)
         n_threads = n_threads or max(1, len(os.sched_getaffinity(0)))
         flash_attn = resolve_flash_attn(flash_attn, on_cpu=not devices and self.device == backend.CPU_DEVICE)
@@ -657,6 +659,9 @@ class Model:
         self._cached.clear()
 
     def close(self) -> None:
+        if getattr(self, "file", None) is not None:
+            self.file.close()
+            self.file = None
         llama = _lib
         if llama is None:
             return

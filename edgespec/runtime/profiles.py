@@ -179,10 +179,9 @@ def invalid(pass_s: dict[int, float]) -> str | None:
 
 def _key(model: Model) -> str:
     """What the costs depend on: the weights file, how it is run, the build, the kernels and the CPU."""
-    st = os.stat(model.path)
     be = runtime.backend_info()
     parts = [
-        os.path.realpath(model.path), st.st_size, st.st_mtime_ns,
+        *model.file.identity,  # as loaded: a server goes on after its file is removed
         model.n_threads, model.flash_attn, model.repack,
         getattr(runtime.lib(), "__version__", ""), be.mode, be.variant, be.module, be.kernels, be.cpu.signature,
         sorted(os.sched_getaffinity(0)), PROFILE_VERSION, CONTEXT_AT,

@@ -43,6 +43,7 @@ from edgespec.runtime import backend, env
 from edgespec.runtime import llama as runtime
 from edgespec.runtime.errors import EdgeSpecError, one_line, run_command
 from edgespec.runtime.llama import FlashAttn, Model, ModelInfo
+from edgespec.runtime.model_file import ModelFile
 
 DEFAULT_PORT = 50052
 CONNECT_S = 3.0  # TCP connect probe before a worker starts
@@ -288,6 +289,7 @@ class RemoteModel(Model):
         p = runtime.check_gguf_file(path)
         llama = runtime.lib()
         self.path = str(p)
+        self.file = ModelFile(p)
         self.rpc_servers = tuple(endpoints)
         self.device, self.device_description = "rpc", ", ".join(self.rpc_servers)
         check_endpoints(self.rpc_servers)

@@ -64,8 +64,11 @@ class ModelPool:
     @contextmanager
     def lease(self, name: str, progress: Progress | None = None, owner: str | None = None) -> Iterator[Session]:
         """Exclusive use of a loaded session of `name` for the duration of the block; `owner`'s
-        own last session when it is idle (its cache holds their conversation)."""
-        key = self.key(name)
+        own last session when it is idle (its cache holds their conversation). A loaded session's
+        own key is not looked up again: it goes on from memory if its file has been removed since."""
+        with self._cond:
+            loaded = bool(self._entries.get(name))
+        key = name if loaded else self.key(name)
         entry = self._acquire(key, progress, owner)
         try:
             yield entry.session

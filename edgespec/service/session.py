@@ -22,6 +22,7 @@ counters (tokens reused) nor the prefill time tell one API key what another's pr
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -102,12 +103,15 @@ def parse_ngram(text: str) -> tuple[int, int]:
 
 @dataclass
 class Request:
-    """One generation, as any consumer asks for it. Exactly one of `text` and `messages`."""
+    """One generation, as any consumer asks for it. Exactly one of `text`, `messages` and `tokens`."""
 
     text: str | None = None
-    # The conversation, ending with the user's turn or tool results: {"role", "content"}, an assistant
-    # turn may hold "tool_calls" (OpenAI's shape, arguments as a JSON value), a "tool" turn "tool_call_id".
+    # The conversation, ending with the user's turn, tool results, or the start of the assistant's
+    # answer, which the generation continues (as llama-server does with a last assistant message):
+    # {"role", "content"}; an assistant turn may hold "tool_calls" (OpenAI's shape, arguments as a
+    # JSON value), a "tool" turn "tool_call_id".
     messages: list[dict[str, Any]] | None = None
+    tokens: list[int] | None = None  # a prompt already tokenized (llama-server's token-id prompts), fed as is
     system: str | None = None
     framing: str = DEFAULT_FRAMING
     draft: str = DEFAULT_DRAFT  # 'none' | a registered drafter name[:ARG] | a draft model name or path
@@ -138,14 +142,24 @@ class Request:
     prediction: str | None = None
 
     def __post_init__(self) -> None:
-        if (self.text is None) == (self.messages is None):
-            raise EdgeSpecError("a request needs a prompt text or a conversation (one of them)")
+        if sum(x is not None for x in (self.text, self.messages, self.tokens)) != 1:
+            raise EdgeSpecError("a request needs a prompt text, a conversation or prompt tokens (one of them)")
         if self.text is not None and not self.text.strip():
             raise EdgeSpecError("the prompt is empty")
+        if self.tokens is not None:
+            if not self.tokens:
+                raise EdgeSpecError("the prompt is empty")
+            if self.framing != "raw":
+                raise EdgeSpecError("a prompt of token ids is fed as it is: it needs raw framing")
         if self.messages is not None:
-            if not self.messages or self.messages[-1].get("role") not in ("user", "tool"):
-                raise EdgeSpecError("a conversation must end with the user's message (or tool results)")
-            if self.messages[-1]["role"] == "user" and not str(self.messages[-1].get("content", "")).strip():
+            if not any(m.get("role") == "user" for m in self.messages):
+                raise EdgeSpecError("a conversation needs a user message")
+            last = self.messages[-1]
+            if last.get("role") not in ("user", "tool", "assistant") or (
+                    last.get("role") == "assistant" and not isinstance(last.get("content"), str)):
+                raise EdgeSpecError("a conversation must end with the user's message, tool results, or the start "
+                                    "of the assistant's answer to continue")
+            if last.get("role") == "user" and not str(last.get("content", "")).strip():
                 raise EdgeSpecError("the message is empty")
         tooling.check_choice(self.tools, self.tool_choice)
         if self.framing not in FRAMINGS:
@@ -187,7 +201,14 @@ class Framed:
 
 
 def frame(model: Model, req: Request) -> Framed:
-    """The one place a request's text or conversation becomes the target's tokens."""
+    """The one place a request's text or conversation becomes the target's tokens. A conversation
+    that ends with an assistant message is framed up to the assistant's turn, followed by that
+    message's text as it is (no end of turn): the reply continues it."""
+    if req.tokens is not None:
+        bad = next((t for t in req.tokens if not 0 <= t < model.n_vocab), None)
+        if bad is not None:
+            raise EdgeSpecError(f"token id {bad} is not in {Path(model.path).name}'s vocabulary (0..{model.n_vocab - 1})")
+        return Framed(list(req.tokens), "raw", ())
     framing = req.framing
     has_template = model.chat_template() is not None
     note = None
@@ -200,6 +221,9 @@ def frame(model: Model, req: Request) -> Framed:
     elif framing == "question":
         framing = "chat" if has_template else "qa"
     messages = req.messages if req.messages is not None else [{"role": "user", "content": req.text or ""}]
+    started = ""  # the start of the answer to continue
+    if messages[-1]["role"] == "assistant":
+        started, messages = messages[-1]["content"], messages[:-1]
     if req.system and framing in ("qa", "raw"):
         raise EdgeSpecError(
             f"a system message needs chat or transcript framing; {Path(model.path).name} is fed {framing} text "
@@ -218,6 +242,8 @@ def frame(model: Model, req: Request) -> Framed:
             parts = tooling.render(model, msgs, tooling.shown_tools(req.tools, req.tool_choice))
         else:
             parts = model.chat_parts(msgs)
+        if started:  # the answer so far: text of the reply, not of the template
+            parts = [*parts, (started, False)]
         # A template that writes the BOS text itself must not get a second BOS from the tokenizer.
         info = model.info
         own_bos = info.add_bos and info.bos >= 0 and parts[0][0].startswith(model.token_text(info.bos))
@@ -232,7 +258,7 @@ def frame(model: Model, req: Request) -> Framed:
                 lines += [m["content"].strip(), ""]
             else:
                 lines.append(f"{'User' if m['role'] == 'user' else 'Assistant'}: {m['content'].strip()}")
-        text = "\n".join(lines) + "\nAssistant:"
+        text = "\n".join(lines) + "\nAssistant:" + (" " + started if started else "")
         return Framed(model.tokenize(text, add_special=True), framing, (TRANSCRIPT_STOP,), note)
     if req.messages is not None and len(req.messages) > 1:
         raise EdgeSpecError(f"{framing} framing takes one prompt, not a conversation; use chat or transcript")
@@ -306,7 +332,7 @@ class Reply:
 
     def to_dict(self) -> dict:
         be = runtime.backend_info()
-        return {
+        return finite({
             "text": self.text,
             "tokens": self.tokens,
             "token_sources": self.sources,
@@ -323,7 +349,22 @@ class Reply:
             "speedup": {"predicted": self.predicted_speedup, "measured": self.measured_speedup},
             "draft_cap": None if self.costs is None else self.costs.draft_cap,
             "adaptive": self.policy,
-        }
+        })
+
+
+def finite(value: Any) -> Any:
+    """`value` (dicts, lists and tuples of plain values) with every NaN or infinite float replaced by
+    None: JSON has no NaN or Infinity, and clients (the OpenAI JS client, jq) reject them. Every
+    JSON the programs print or serve passes through here."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    if isinstance(value, np.floating | np.integer):
+        return finite(value.item())
+    return value
 
 
 class Conversation:

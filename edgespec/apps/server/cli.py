@@ -4,10 +4,12 @@ serving until a signal, after which every open stream ends with its final chunk 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import FrameType
@@ -21,6 +23,7 @@ from edgespec.apps.args import (
     check_exposure,
     request_from_args,
     runtime_options,
+    url_host,
 )
 from edgespec.apps.server.http import Server, create_app
 from edgespec.apps.server.worker import ModelSlot
@@ -88,8 +91,9 @@ def load(args: argparse.Namespace) -> tuple[Server, ModelPool]:
         # so that a model whose chat template fails still serves /v1/completions
         warm = replace(defaults, text="Hello", framing="raw", system=None, max_tokens=1, stop=())
         session.run(warm)
+        n_ctx = session.target.n_ctx
     slot = ModelSlot(args.model_id or target, key, pool, args.queue,
-                     aliases=(target, Path(path).name, Path(path).stem, str(path)))
+                     aliases=(target, Path(path).name, Path(path).stem, str(path)), n_ctx=n_ctx)
     return Server(slot, defaults, args.api_key, args.draft, shared_answers=args.answers == "shared"), pool
 
 
@@ -110,35 +114,53 @@ def main(argv: Sequence[str]) -> int:
     app = create_app(server, ui)
     import uvicorn
 
-    where = f"http://{args.host}:{args.port}"
+    where = f"http://{url_host(args.host)}:{args.port}"
     print(f"EdgeSpec server on {where}/v1 (model {server.slot.id!r}, draft {args.draft}, queue {server.slot.queue_size}"
           f"{', API key required' if args.api_key else ''}){f'; UI at {where}/ui' if ui is not None else ''}",
           file=sys.stderr, flush=True)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=2)
-    try:
-        interrupted = run_until_signalled(config, server.slot)
-    finally:
-        server.slot.close()
-        pool.close()
-    if interrupted:
+    with signals_restored():
+        try:
+            ended_by = run_until_signalled(config, server.slot)
+        finally:
+            server.slot.close()
+            pool.close()
+    if ended_by == signal.SIGINT:
         raise KeyboardInterrupt  # run_command: "interrupted", exit status 130
+    if ended_by is not None:
+        signal.raise_signal(ended_by)  # SIGTERM: end as its handler says (killed by it, by default)
     return 0
 
 
-def run_until_signalled(config: uvicorn.Config, slot: ModelSlot) -> bool:
+def run_until_signalled(config: uvicorn.Config, slot: ModelSlot) -> int | None:
     """Serve until SIGINT or SIGTERM, then end cleanly: every running and waiting generation is
     stopped (it ends at its next step), so open streams send their final chunk and [DONE] within
-    uvicorn's graceful shutdown instead of being cancelled mid-response. True if SIGINT ended it."""
+    uvicorn's graceful shutdown instead of being cancelled mid-response. Returns the signal that
+    ended it (SIGINT if there was one), None if none did.
+
+    The signal handler stays in place after uvicorn returns, until `signals_restored` ends, once
+    the models are freed, and a second Ctrl-C while shutting down is taken as the first: uvicorn
+    would re-raise the captured signals, or Python's handler raise KeyboardInterrupt, inside the
+    event loop's teardown, and its force_exit cancels the app's lifespan (tracebacks all three)."""
     import uvicorn
 
     class Uvicorn(uvicorn.Server):
-        interrupted = False
+        ended_by: int | None = None
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            if threading.current_thread() is threading.main_thread():
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    signal.signal(sig, self.handle_exit)
+            yield
 
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             # a signal handler: only flags here; the jobs are stopped from the event loop, in shutdown()
-            self.interrupted = self.interrupted or sig == signal.SIGINT
-            super().handle_exit(sig, frame)
+            self.ended_by = signal.SIGINT if sig == signal.SIGINT else self.ended_by or sig
+            if not self.should_exit:  # a second signal changes nothing: uvicorn's force_exit would skip
+                super().handle_exit(sig, frame)  # the app's lifespan shutdown (a CancelledError traceback);
+            # the shutdown is short anyway: the jobs stop at their next step, within timeout_graceful_shutdown
 
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
             slot.stop_all()
@@ -146,4 +168,16 @@ def run_until_signalled(config: uvicorn.Config, slot: ModelSlot) -> bool:
 
     userver = Uvicorn(config)
     userver.run()
-    return userver.interrupted
+    return userver.ended_by
+
+
+@contextlib.contextmanager
+def signals_restored() -> Iterator[None]:
+    """The SIGINT and SIGTERM handlers as they were before the block, once it ends."""
+    main = threading.current_thread() is threading.main_thread()
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 import sys
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,7 @@ from edgespec.apps.server.protocol import (
     CompletionBody,
     Envelope,
     Kind,
+    log_summary,
     parse,
     reads_calls,
     sse,
@@ -75,14 +77,14 @@ class Server:
         if not token:
             raise ApiError(401, "missing API key: send the header 'Authorization: Bearer KEY'", "invalid_api_key",
                            kind="authentication_error")
-        if not any(hmac.compare_digest(token.encode(), k.encode()) for k in self.keys):
+        if not any(hmac.compare_digest(token, k.encode()) for k in self.keys):
             raise ApiError(401, "incorrect API key", "invalid_api_key", kind="authentication_error")
 
     def owner(self, request: HTTPRequest) -> str:
         """Whose earlier answers the request's drafter uses (Request.owner): a digest of the bearer
         token the client sent (checked or not; the key itself is never kept), '' without one or
         when the answers are shared."""
-        token = "" if self.shared_answers else _bearer(request)
+        token = b"" if self.shared_answers else _bearer(request)
         return key_owner(token) if token else ""
 
     def model_card(self) -> dict:
@@ -100,7 +102,7 @@ def create_app(server: Server, ui: gr.Blocks | None = None) -> FastAPI:
     app.add_exception_handler(HTTPException, on_http_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(Exception, on_internal_error)
-    app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route("/health", health, methods=["GET", "HEAD"])  # uptime checkers send HEAD
     app.add_api_route("/", root, methods=["GET"])
     app.add_api_route("/v1/models", list_models, methods=["GET"])
     app.add_api_route("/v1/models/{model_id:path}", get_model, methods=["GET"])
@@ -122,10 +124,12 @@ def _server(request: HTTPRequest) -> Server:
     return request.app.state.server
 
 
-def _bearer(request: HTTPRequest) -> str:
-    """The token of an 'Authorization: Bearer TOKEN' header, '' without one."""
+def _bearer(request: HTTPRequest) -> bytes:
+    """The token of an 'Authorization: Bearer TOKEN' header as the client sent its bytes, b"" without
+    one. Starlette decodes headers as Latin-1, so encoding back gives the bytes; a key is compared
+    as its UTF-8 bytes, which is what curl sends for a key with non-ASCII characters."""
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    return token.strip() if scheme.lower() == "bearer" else ""
+    return token.strip().encode("latin-1") if scheme.lower() == "bearer" else b""
 
 
 # ----------------------------------------------------------------------------- errors
@@ -196,11 +200,27 @@ async def completions(request: HTTPRequest) -> Any:
 
 # ----------------------------------------------------------------------------- one generation
 async def generate(request: HTTPRequest, kind: Kind) -> Any:
+    """A generation request, with its line in the server's log (stderr) once it is answered."""
+    t0 = time.perf_counter()
+    client = request.client.host if request.client else "-"
+
+    def log(what: str) -> None:
+        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {client} {kind}: {what}, {time.perf_counter() - t0:.2f} s",
+              file=sys.stderr, flush=True)
+
+    try:
+        return await _generate(request, kind, lambda s: log(log_summary(s)))
+    except ApiError as err:
+        log(f"{err.status} {err.message}")
+        raise
+
+
+async def _generate(request: HTTPRequest, kind: Kind, log: Callable[[dict], None]) -> Any:
     """Validate, queue, wait for the worker to start (so a refusal is an HTTP error, not a broken
-    stream), then stream the tokens or wait for the whole reply."""
+    stream), then stream the tokens or wait for the whole reply; `log` gets the summary."""
     server = _server(request)
     server.check_key(request)
-    body = parse(await request.body(), kind)
+    body = parse(await request.body(), kind, request.headers.get("content-encoding", ""))
     slot = server.slot_for(body.model)
     req, given = server.request(body)
     job = Job(replace(req, owner=server.owner(request)), given, asyncio.get_running_loop())
@@ -213,9 +233,11 @@ async def generate(request: HTTPRequest, kind: Kind) -> Any:
     env = Envelope.new(kind, server.slot.id, tools=reads_calls(req))
     if body.stream:
         usage = bool((body.stream_options or {}).get("include_usage"))
-        return StreamingResponse(stream(job, env, usage), media_type="text/event-stream",
+        return StreamingResponse(stream(job, env, usage, log), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    return env.completion(await finished(job, request))
+    s = await finished(job, request)
+    log(s)
+    return env.completion(s)
 
 
 def submit(slot: ModelSlot, job: Job) -> None:
@@ -261,7 +283,7 @@ async def finished(job: Job, request: HTTPRequest) -> dict:
     return payload
 
 
-async def stream(job: Job, env: Envelope, include_usage: bool) -> AsyncIterator[str]:
+async def stream(job: Job, env: Envelope, include_usage: bool, log: Callable[[dict], None]) -> AsyncIterator[str]:
     """A started job as server-sent events: a chunk per step's tokens (`Chunks`), the final chunk, [DONE]."""
     chunks = Chunks(env)
     try:
@@ -277,6 +299,7 @@ async def stream(job: Job, env: Envelope, include_usage: bool) -> AsyncIterator[
                 break
             elif what == "done":
                 if payload is not None:
+                    log(payload)
                     for chunk in chunks.final(payload):
                         yield sse(chunk)
                     if include_usage:

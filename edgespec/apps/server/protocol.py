@@ -19,12 +19,15 @@ from edgespec.core.drafters.prediction import PREDICTION
 from edgespec.core.sampling import SamplingParams
 from edgespec.runtime.errors import EdgeSpecError, one_line
 from edgespec.service import tools as tooling
-from edgespec.service.session import Reply, Request
+from edgespec.service.session import Reply, Request, finite
 from edgespec.service.structured import StructuredOutputError, json_object_grammar, json_schema_grammar
 
 Kind = Literal["chat", "completion"]
 MAX_BODY = 8 << 20  # bytes
+MAX_DEPTH = 64  # nesting of arrays and objects in a body (JSON schemas in tools nest; nothing else does)
+GZIP_MAGIC = b"\x1f\x8b"
 MAX_STOPS = 16
+MIN_RATE_TOKENS = 4  # prompt tokens a prefill must decode for timings.prompt_per_second to be given
 FINISH = {"eog": "stop", "stop": "stop", "grammar": "stop", "length": "length", "context": "length", "stopped": "stop"}
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for a function's name
 
@@ -64,8 +67,10 @@ class Body(BaseModel):
     stop: str | list[str] | None = None
     n: int = Field(1, ge=1)
     logprobs: bool | int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    repeat_penalty: float | None = Field(None, gt=0.0, le=10.0)  # llama-server's names
+    repeat_last_n: int | None = Field(None, ge=-1)
     logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
     # EdgeSpec / llama-server extensions
@@ -132,56 +137,99 @@ class ChatBody(Body):
 
 
 class CompletionBody(Body):
-    prompt: str | list[str]
+    prompt: str | list[str] | list[int] | list[list[int]]  # text, or token ids as llama-server takes them
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
 
 
-def parse(raw: bytes, kind: Kind) -> ChatBody | CompletionBody:
-    """A request body validated as `kind`'s, or an ApiError (413, or 400 naming the first bad field)."""
+def parse(raw: bytes, kind: Kind, content_encoding: str = "") -> ChatBody | CompletionBody:
+    """A request body validated as `kind`'s, or an ApiError (413, 415 for a compressed body, or 400
+    naming the first bad field)."""
+    encoding = content_encoding.strip().lower()
+    if encoding not in ("", "identity") or raw[:2] == GZIP_MAGIC:
+        what = f"Content-Encoding {encoding!r}" if encoding not in ("", "identity") else "a gzip-compressed body"
+        raise ApiError(415, f"{what} is not supported: send the JSON body uncompressed", "unsupported_media_type")
     if len(raw) > MAX_BODY:
         raise ApiError(413, f"the request body is larger than {MAX_BODY >> 20} MB")
     try:
         data = json.loads(raw)
+    except RecursionError:
+        raise ApiError(400, f"the request body nests arrays or objects more than {MAX_DEPTH} levels deep",
+                       "invalid_json") from None
     except ValueError as exc:
         msg = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
         raise ApiError(400, f"the request body is not valid JSON: {msg}", "invalid_json") from None
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object", "invalid_json")
-    where = _unpaired_surrogate(data)
-    if where is not None:
-        raise ApiError(400, f"{where or 'the body'}: a string holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape "
-                       "without its pair), which is no character", "invalid_value", param=where or None)
+    _check_values(data)
     cls = ChatBody if kind == "chat" else CompletionBody
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"])
-        more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
-        raise ApiError(400, f"{loc}: {err['msg']}{more}", "invalid_type" if "type" in err["type"] else "invalid_value",
-                       param=loc) from None
+        raise _validation_error(exc.errors()) from None
 
 
-def _unpaired_surrogate(value: Any, where: str = "") -> str | None:
-    """The path (messages.0.content) of the first string that is not Unicode text, "" for the value
-    itself, None when every string is: JSON's \\uD800 escapes decode to lone surrogates, which UTF-8
-    (the tokenizer's input) cannot hold."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return where
-        return None
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for key, item in items:
-        if isinstance(key, str) and _unpaired_surrogate(key) is not None:
-            return where or ""
-        found = _unpaired_surrogate(item, f"{where}.{key}" if where else str(key))
-        if found is not None:
-            return found
-    return None
+def _check_values(data: dict) -> None:
+    """400 for a body nested deeper than MAX_DEPTH (no field of these bodies is; deep values would
+    exhaust the stack of whatever walks them) or holding a string that is not Unicode text (JSON's
+    \\uD800 escapes decode to lone surrogates, which UTF-8, the tokenizer's input, cannot hold)."""
+    todo: list[tuple[Any, str, int]] = [(data, "", 0)]
+    while todo:
+        value, where, depth = todo.pop()
+        if depth > MAX_DEPTH:
+            raise ApiError(400, f"the request body nests arrays or objects more than {MAX_DEPTH} levels deep",
+                           "invalid_json")
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ApiError(400, f"{where or 'the body'}: a string holds a lone UTF-16 surrogate (a \\ud800-\\udfff "
+                               "escape without its pair), which is no character", "invalid_value",
+                               param=where or None) from None
+            continue
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, item in items:
+            todo.append((key, where, depth + 1))  # a key is checked as a string of its object
+            todo.append((item, f"{where}.{key}" if where else str(key), depth + 1))
+
+
+# pydantic's names for the members of a union, as a client would say them
+_TYPE_WORDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
+               "list[str]": "a list of strings", "list[int]": "a list of token ids",
+               "list[list[int]]": "a list of token-id lists", "list[Part]": "a list of content parts",
+               "dict[str,any]": "an object", "none": "null"}
+
+
+def _validation_error(errors: list[dict]) -> ApiError:
+    """One line for pydantic's errors, naming the field as the client wrote it: pydantic adds the
+    name of each union member it tried (messages.0.content.str), which is no field of the body.
+    Where every member failed at the field itself, say what it may be; where one member went
+    deeper (a list of parts with a bad part), that member's error is the one the client needs."""
+    found = [(_body_path(e["loc"]), e) for e in errors]
+    (path, _), err = max(found, key=lambda f: len(f[0][0]))
+    where = ".".join(path)
+    members = [m for (p, m), _ in found if p == path and m is not None]
+    others = {".".join(p) for (p, _), _ in found if p != path[:len(p)]}
+    more = f" (and {len(others)} more)" if others else ""
+    if len(members) > 1:
+        words = list(dict.fromkeys(_TYPE_WORDS.get(m, m) for m in members))
+        return ApiError(400, f"{where}: must be {' or '.join(words)}{more}", "invalid_type", param=where)
+    return ApiError(400, f"{where}: {err['msg']}{more}", "invalid_type" if "type" in err["type"] else "invalid_value",
+                    param=where)
+
+
+def _body_path(loc: tuple) -> tuple[list[str], str | None]:
+    """`loc` without the union members' names (no field of these bodies is called 'str' or
+    'list[Part]'), and the first such name, if any."""
+    path: list[str] = []
+    member = None
+    for part in loc:
+        if isinstance(part, str) and (part in _TYPE_WORDS or "[" in part):
+            member = member or part
+        else:
+            path.append(str(part))
+    return path, member
 
 
 # ----------------------------------------------------------------------------- body -> session.Request
@@ -201,7 +249,7 @@ def to_request(body: ChatBody | CompletionBody, defaults: Request, draft_spec: s
                       ngram=d.ngram, verifier=d.verifier, prediction=prediction or None,
                       grammar=_grammar(body))
         if isinstance(body, CompletionBody):
-            return Request(text=_prompt(body), framing="raw", **common), max_tokens is not None
+            return Request(**_prompt(body), framing="raw", **common), max_tokens is not None
         system, messages = _conversation(body)
         tools, choice = _tools(body)
         framing = d.framing if d.framing in ("auto", "chat", "transcript") else "auto"
@@ -217,9 +265,6 @@ def _unsupported(body: Body) -> None:
         raise ApiError(400, "n > 1 is not supported (one choice per request)", param="n")
     if body.logprobs:
         raise ApiError(400, "logprobs are not supported", param="logprobs")
-    if body.presence_penalty or body.frequency_penalty:
-        raise ApiError(400, "presence and frequency penalties are not supported (they would change the target's "
-                       "distribution that speculative sampling reproduces)", param="presence_penalty")
     if body.logit_bias:
         raise ApiError(400, "logit_bias is not supported", param="logit_bias")
 
@@ -284,22 +329,34 @@ def _sampling(body: Body, s: SamplingParams) -> SamplingParams:
         s.top_p if body.top_p is None else body.top_p,
         s.min_p if body.min_p is None else body.min_p,
         s.seed if body.seed is None else body.seed,
+        s.repeat_penalty if body.repeat_penalty is None else body.repeat_penalty,
+        s.frequency_penalty if body.frequency_penalty is None else body.frequency_penalty,
+        s.presence_penalty if body.presence_penalty is None else body.presence_penalty,
+        s.penalty_last_n if body.repeat_last_n is None else body.repeat_last_n,
     )
 
 
-def _prompt(body: CompletionBody) -> str:
+def _prompt(body: CompletionBody) -> dict[str, Any]:
+    """The Request's prompt: {"text": ...} or {"tokens": [...]} (one prompt: a string, token ids,
+    or a list holding one of them)."""
     if body.echo or body.suffix or (body.best_of or 1) > 1:
         raise ApiError(400, "echo, suffix and best_of are not supported", param="echo")
-    prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
-    if len(prompts) != 1:
-        raise ApiError(400, "give one prompt per request (a string)", param="prompt")
-    return prompts[0]
+    p = body.prompt
+    if isinstance(p, str):
+        return {"text": p}
+    if p and all(isinstance(t, int) for t in p):
+        return {"tokens": list(p)}
+    if len(p) != 1:
+        raise ApiError(400, f"give one prompt per request (a string or a list of token ids), got {len(p)}",
+                       param="prompt")
+    return {"text": p[0]} if isinstance(p[0], str) else {"tokens": list(p[0])}
 
 
 def _conversation(body: ChatBody) -> tuple[str | None, list[dict[str, Any]]]:
     """(the system messages joined, or None; the user/assistant/tool turns) of a chat body; an
     assistant turn's tool calls keep OpenAI's shape with their arguments parsed (chat templates
-    write them as JSON values)."""
+    write them as JSON values). A last assistant message is the start of the answer, which the
+    reply continues."""
     system_parts: list[str] = []
     messages: list[dict[str, Any]] = []
     for i, m in enumerate(body.messages):
@@ -309,7 +366,8 @@ def _conversation(body: ChatBody) -> tuple[str | None, list[dict[str, Any]]]:
         text = _text(m.content, f"messages.{i}")
         if m.role in ("system", "developer"):
             if messages:
-                raise ApiError(400, f"messages.{i}: system messages must come before the conversation",
+                raise ApiError(400, f"messages.{i}: a {m.role} message may only open the conversation (before the "
+                               "first user or assistant message); put it first, or send it as a user message",
                                param=f"messages.{i}.role")
             system_parts.append(text)
         elif m.role in ("user", "assistant"):
@@ -319,7 +377,7 @@ def _conversation(body: ChatBody) -> tuple[str | None, list[dict[str, Any]]]:
         else:
             raise ApiError(400, f"messages.{i}: role {m.role!r} is not supported (system, user, assistant, tool)",
                            param=f"messages.{i}.role")
-    if not messages:
+    if not any(m["role"] == "user" for m in messages):
         raise ApiError(400, "messages: the conversation has no user message", param="messages")
     return ("\n\n".join(system_parts) if system_parts else None), messages
 
@@ -419,13 +477,17 @@ def summary(reply: Reply) -> dict:
     drafted, accepted = st.source_drafted.get(PREDICTION, 0), st.source_accepted.get(PREDICTION, 0)
     prompt_s = st.prefill_s
     decode_s = st.decode_s
+    # The prefill decodes all prompt tokens but the last (the first step's x_last): a rate over a
+    # few of them measures the call's fixed cost, not prompt processing.
+    decoded = st.prompt_prefilled - 1
+    rated = decoded >= MIN_RATE_TOKENS and prompt_s > 0
     timings = {
         # llama-server's names
         "cache_n": st.prompt_reused,
         "prompt_n": st.prompt_prefilled,
         "prompt_ms": 1000 * prompt_s,
-        "prompt_per_token_ms": 1000 * prompt_s / st.prompt_prefilled if st.prompt_prefilled else 0.0,
-        "prompt_per_second": st.prompt_prefilled / prompt_s if prompt_s > 0 else 0.0,
+        "prompt_per_token_ms": 1000 * prompt_s / decoded if rated else None,
+        "prompt_per_second": decoded / prompt_s if rated else None,
         "predicted_n": st.generated,
         "predicted_ms": 1000 * decode_s,
         "predicted_per_token_ms": 1000 * decode_s / st.generated if st.generated else 0.0,
@@ -448,7 +510,7 @@ def summary(reply: Reply) -> dict:
         "drafter": reply.drafter,
         "gamma": reply.gamma,
     }
-    return {
+    return finite({
         "text": reply.text,
         "tokens": list(reply.tokens),
         "sources": list(reply.sources),
@@ -463,7 +525,19 @@ def summary(reply: Reply) -> dict:
                                                 "rejected_prediction_tokens": drafted - accepted}},
         "timings": timings,
         "framing": reply.framing,
-    }
+    })
+
+
+def log_summary(s: dict) -> str:
+    """What `serve`'s line for a finished generation says (llama-server and Ollama print one per
+    request): tokens in (and how many the cache held) and out, speed, the drafter and its
+    acceptance, how it ended. `s` is the `summary`; no text of the request or the answer."""
+    t, u = s["timings"], s["usage"]
+    rate = "-" if t["predicted_per_second"] is None else f"{t['predicted_per_second']:.1f}"
+    drafted = (f", acceptance {t['acceptance']:.2f} ({t['draft_n_accepted']}/{t['draft_n']})"
+               if t["draft_n"] and t["acceptance"] is not None else "")
+    return (f"{u['prompt_tokens']} prompt tokens ({t['cache_n']} cached) -> {u['completion_tokens']} tokens, "
+            f"{rate} tok/s, draft {t['drafter']}{drafted}, finish {s['finish']}")
 
 
 @dataclass(frozen=True)
@@ -580,4 +654,4 @@ def _call_finish(finish: str) -> str:
 
 def sse(obj: dict | str) -> str:
     """One server-sent event."""
-    return f"data: {obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)}\n\n"
+    return f"data: {obj if isinstance(obj, str) else json.dumps(finite(obj), ensure_ascii=False, allow_nan=False)}\n\n"

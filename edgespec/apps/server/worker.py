@@ -10,6 +10,7 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -53,14 +54,15 @@ class ModelSlot:
     """One served target: its pool key, a bounded job queue and one worker thread, so one
     generation runs at a time and at most `queue_size` wait."""
 
-    def __init__(self, model_id: str, key: str, pool: ModelPool, queue_size: int, aliases: Sequence[str] = ()) -> None:
+    def __init__(self, model_id: str, key: str, pool: ModelPool, queue_size: int, aliases: Sequence[str] = (),
+                 n_ctx: int = 0) -> None:
         self.id = model_id
         self.key = key
         self.pool = pool
         self.queue_size = queue_size
         self.aliases = {model_id, *aliases}
         self.created = int(time.time())
-        self.n_ctx = 0
+        self.n_ctx = n_ctx  # the loaded context's size (/v1/models), 0 until known
         self.jobs: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()
         self.pending = 0  # jobs accepted and not finished: waiting + running
@@ -123,7 +125,12 @@ class ModelSlot:
                 self._finished(job)
 
     def _run(self, job: Job) -> None:
-        with self.pool.lease(self.key) as session:
+        with ExitStack() as held:
+            try:
+                session = held.enter_context(self.pool.lease(self.key))
+            except EdgeSpecError as exc:  # the server's model, not the client's request
+                raise ApiError(503, f"the model cannot be loaded: {one_line(exc)}", "model_unavailable",
+                               kind="server_error") from None
             self.n_ctx = session.target.n_ctx
             framed, engine = session.prepare(job.req)
             req = _fit(job.req, len(framed.tokens), self.n_ctx, job.max_tokens_given)

@@ -78,16 +78,18 @@ def build_chat_tab(ctx: AppContext, target: gr.Dropdown, draft_model: gr.Dropdow
     """Chat components inside the current Tab; `target` and `draft_model` live in the Models tab."""
     d = ctx.defaults
     w = _components(d)
-    send_fn, regen_fn, stop_fn = _handlers(ctx)
+    send_fn, regen_fn, stop_fn, clear_fn = _handlers(ctx)
     settings = [w.system, w.kind, w.gamma, w.max_tokens, w.temperature, w.top_k, w.top_p, w.min_p, w.seed,
                 w.highlight, target, draft_model]
     outs = [w.chatbot, w.turns, w.reply_data, w.live, w.steps_plot, w.speed_plot, w.error]
     gen_opts = dict(concurrency_limit=8, concurrency_id="generate", show_progress="hidden")
-    w.msg.submit(send_fn, [w.msg, w.turns, *settings], [w.msg, *outs], api_visibility="private", **gen_opts)
-    w.send.click(send_fn, [w.msg, w.turns, *settings], [w.msg, *outs], api_name="chat", **gen_opts)
-    w.regen.click(regen_fn, [w.turns, *settings], outs, api_name="regenerate", **gen_opts)
+    sent = w.msg.submit(send_fn, [w.msg, w.turns, *settings], [w.msg, *outs], api_visibility="private", **gen_opts)
+    clicked = w.send.click(send_fn, [w.msg, w.turns, *settings], [w.msg, *outs], api_name="chat", **gen_opts)
+    regenerated = w.regen.click(regen_fn, [w.turns, *settings], outs, api_name="regenerate", **gen_opts)
     w.stop.click(stop_fn, None, w.error, api_name="stop", concurrency_limit=None, queue=False)
-    w.clear.click(_clear, None, outs, api_name="clear", queue=False)
+    # Clear ends the running or waiting generation too: else its next update would bring the
+    # conversation back (Stop, Regenerate, Clear within a second)
+    w.clear.click(clear_fn, None, outs, api_name="clear", queue=False, cancels=[sent, clicked, regenerated])
     w.highlight.change(chat_messages, [w.turns, w.highlight], w.chatbot, api_visibility="private", queue=False)
     target.change(lambda t: _target_line((t or d.target).strip()), target, w.target_line, api_visibility="private",
                   queue=False)
@@ -110,8 +112,8 @@ def _components(d: Defaults) -> SimpleNamespace:
             with gr.Row():
                 w.send = gr.Button("Send", variant="primary", elem_id="es-send")
                 w.stop = gr.Button("Stop", variant="stop", elem_id="es-stop")
-                w.regen = gr.Button("Regenerate")
-                w.clear = gr.Button("Clear")
+                w.regen = gr.Button("Regenerate", elem_id="es-regen")
+                w.clear = gr.Button("Clear", elem_id="es-clear")
             w.system = gr.Textbox(d.system, label="System prompt", lines=2)
         with gr.Column(scale=2):
             with gr.Accordion("Sampling and drafting", open=True):
@@ -163,8 +165,8 @@ def _request(
 
 
 def _handlers(ctx: AppContext) -> tuple[Callable[..., Iterator[tuple]], Callable[..., Iterator[tuple]],
-                                        Callable[[gr.Request], str]]:
-    """The Send, Regenerate and Stop handlers (Gradio passes each input in order, then the request)."""
+                                        Callable[[gr.Request], str], Callable[[gr.Request], tuple]]:
+    """The Send, Regenerate, Stop and Clear handlers (Gradio passes each input in order, then the request)."""
     d = ctx.defaults
 
     def run(
@@ -233,7 +235,11 @@ def _handlers(ctx: AppContext) -> tuple[Callable[..., Iterator[tuple]], Callable
         ctx.stop(request.session_hash or "", "chat")
         return ""
 
-    return send_fn, regen_fn, stop_fn
+    def clear_fn(request: gr.Request) -> tuple:
+        ctx.stop(request.session_hash or "", "chat")
+        return [], [], None, "No steps yet.", None, None, ""
+
+    return send_fn, regen_fn, stop_fn, clear_fn
 
 
 def _outputs(turns_: list[dict], tr: Tracker, highlight_: bool, plots: bool = True, data: bool = True) -> tuple:
@@ -244,10 +250,6 @@ def _outputs(turns_: list[dict], tr: Tracker, highlight_: bool, plots: bool = Tr
         chat_messages(turns_, highlight_), turns_, details(tr) if data else gr.skip(), render.live_summary(tr),
         render.steps_frame(tr) if plots else gr.skip(), render.speedup_frame(tr) if plots else gr.skip(), err,
     )
-
-
-def _clear() -> tuple:
-    return [], [], None, "No steps yet.", None, None, ""
 
 
 def _target_line(target: str) -> str:

@@ -1,5 +1,6 @@
 """Models tab: choose the target and the draft model (bundled, found on disk, typed in, or from the
-catalog of known pairs), download catalog models with progress, load them and check the pair.
+catalog of known pairs), download catalog models with progress or remove them, load them and check
+the pair.
 
 The draft model chosen here is the argument of every registered drafter kind that takes a model
 (the Chat tab's `NAME:DRAFT_MODEL`). "Load and check pair" loads it into the target's session with
@@ -213,8 +214,10 @@ def build_models_tab(ctx: AppContext) -> tuple[gr.Dropdown, gr.Dropdown]:
     table = gr.Dataframe(catalog_frame(), interactive=False, wrap=True, elem_id="es-catalog")
     with gr.Row():
         pick = gr.Dropdown([""] + install_names(), value="", allow_custom_value=True,
-                           label="Install (catalog model or set, or hf:ORG/REPO[:FILE])", elem_id="es-install-name")
+                           label="Install or remove (catalog model or set, or hf:ORG/REPO[:FILE])",
+                           elem_id="es-install-name")
         fetch = gr.Button("Install", elem_id="es-install")
+        drop = gr.Button("Remove", variant="stop", elem_id="es-remove")
     fetched = gr.Markdown("", elem_id="es-download-status")
 
     def load_fn(target_: str, draft_: str, device_: str, progress: gr.Progress = PROGRESS) -> str:
@@ -237,7 +240,20 @@ def build_models_tab(ctx: AppContext) -> tuple[gr.Dropdown, gr.Dropdown]:
         return (f"installed {name}: {where}", gr.update(choices=found),
                 gr.update(choices=[""] + found), catalog_frame())
 
+    def remove_fn(name: str) -> tuple:
+        from edgespec.models import remove
+
+        try:
+            paths = remove(name)
+        except Exception as exc:  # in use, bundled, not installed: say so, keep running
+            return _error_html(exc), gr.skip(), gr.skip(), gr.skip()
+        found = found_models() + catalog_names()
+        where = ", ".join(f"`{p}`" for p in paths)
+        return (f"removed {name.strip()}: {where}", gr.update(choices=found), gr.update(choices=[""] + found),
+                catalog_frame())
+
     load.click(load_fn, [target, draft, device], status, api_name="load_models")
+    drop.click(remove_fn, pick, [fetched, target, draft, table], api_name="remove_model")
     rescan.click(rescan_fn, None, [target, draft, table], api_name="rescan")
     fetch.click(fetch_fn, pick, [fetched, target, draft, table], api_name="download")
     return target, draft

@@ -155,9 +155,8 @@ def build_race_tab(ctx: AppContext) -> None:
         # The request comes first: Gradio inserts it at its parameter index, which *rest would swallow.
         cols = [
             Column(str(rest[i + 1]).strip() or f"column {i // 5 + 1}", str(rest[i + 2] or "").strip(),
-                   str(rest[i + 3] or "none").strip(), str(rest[i + 4] or "auto").strip())
+                   str(rest[i + 3] or "none").strip(), str(rest[i + 4] or "auto").strip()) if rest[i] else None
             for i in range(0, 5 * N_COLUMNS, 5)
-            if rest[i]
         ]
         yield from race(ctx, prompt_, int(max_tokens_), bool(chat_), cols, request.session_hash or "",
                         ctx.owner(request.username))
@@ -181,46 +180,55 @@ def build_race_tab(ctx: AppContext) -> None:
     derive.click(derive_fn, None, [controls[2], controls[1], status], api_name="derive_q8")
 
 
-def race(ctx: AppContext, prompt: str, max_tokens: int, chat: bool, cols: list[Column],
+def race(ctx: AppContext, prompt: str, max_tokens: int, chat: bool, cols: list[Column | None],
          session: str, owner: str = "") -> Iterator[tuple]:
-    """Record each column alone, then replay them together; yields the race tab's outputs. `owner`:
-    whose requests they are (the login's, Request.owner)."""
-    n_out = N_COLUMNS
-    empty = [column_html(Column(f"column {i + 1}", "-", "none", "-"), [], "off") for i in range(n_out)]
-    if not cols:
-        yield (*empty, "error: enable at least one column", gr.skip(), gr.skip())
+    """Record each column alone, then replay them together; yields the race tab's outputs. `cols`
+    has one entry per column of the tab, None for a column that is off. Every column is checked
+    (its settings and its target) before the first one runs: a bad one is reported at once, not
+    after the others' minutes of recording. `owner`: whose requests they are (the login's, Request.owner)."""
+    off = [column_html(Column(f"column {i + 1}", "-", "none", "-"), [], "off") for i in range(N_COLUMNS)]
+    htmls = [off[i] if col is None else column_html(col, [], "waiting") for i, col in enumerate(cols)]
+    on = [(i, col) for i, col in enumerate(cols) if col is not None]
+    if not on:
+        yield (*htmls, "error: enable at least one column", gr.skip(), gr.skip())
         return
     if not prompt.strip():
-        yield (*empty, "error: the prompt is empty", gr.skip(), gr.skip())
+        yield (*htmls, "error: the prompt is empty", gr.skip(), gr.skip())
+        return
+    reqs, errors = {}, []
+    for i, col in on:
+        try:
+            reqs[i] = Request(messages=[{"role": "user", "content": prompt}] if chat else None,
+                              text=None if chat else prompt, framing="auto" if chat else "raw",
+                              draft=col.drafter, gamma=col.gamma, ngram=ctx.defaults.ngram, max_tokens=max_tokens,
+                              reuse_prefix=False, owner=owner)  # every column pays its own prefill
+            kind, arg = drafters.split_spec(col.drafter)
+            for model in [col.target] + ([arg] if kind == "model" else []):  # named right, on this machine
+                ctx.pool.key(model)
+        except EdgeSpecError as exc:
+            errors.append(f"column {i + 1}: {one_line(exc)}")
+            htmls[i] = column_html(col, [], "not run", f"error: {one_line(exc)}")
+    if errors:
+        yield (*htmls, "error: " + "; ".join(errors) + ". Nothing was run: fix the column and race again.",
+               gr.skip(), gr.skip())
         return
     stop = ctx.new_stop(session, "race")
-    runs: list[Tracker] = []
-    htmls = list(empty)
+    runs: list[tuple[int, Column, Tracker]] = []
     load = os.getloadavg()[0]
-    for i, col in enumerate(cols):
+    for n, (i, col) in enumerate(on):
         if stop.is_set():
             break
         others = ctx.pool.active()
         tr = Tracker()
-        try:
-            req = Request(messages=[{"role": "user", "content": prompt}] if chat else None,
-                          text=None if chat else prompt, framing="auto" if chat else "raw",
-                          draft=col.drafter, gamma=col.gamma, ngram=ctx.defaults.ngram, max_tokens=max_tokens,
-                          reuse_prefix=False, owner=owner)  # every column pays its own prefill: a fair time to first token
-        except EdgeSpecError as exc:
-            tr.error = one_line(exc)
-            runs.append(tr)
-            htmls[i] = column_html(col, [], "failed", f"error: {tr.error}")
-            continue
-        for tr in stream(ctx.pool, col.target, req, stop, every_s=0.25):
+        for tr in stream(ctx.pool, col.target, reqs[i], stop, every_s=0.25):
             htmls[i] = column_html(col, [], f"recording... {len(tr.tokens)} tokens")
-            yield (*htmls, f"Recording column {i + 1} of {len(cols)} alone...", gr.skip(), gr.skip())
+            yield (*htmls, f"Recording column {i + 1} ({n + 1} of {len(on)}) alone...", gr.skip(), gr.skip())
         if others:
             tr.error = (tr.error or "") + f" (note: {others} other generation(s) were running during this recording)"
-        runs.append(tr)
+        runs.append((i, col, tr))
         htmls[i] = column_html(col, [], "recorded", tr.error or "")
         load = max(load, os.getloadavg()[0])
-    yield from replay(cols[: len(runs)], runs, htmls, load_note(load))
+    yield from replay(runs, htmls, load_note(load))
 
 
 def load_note(load: float) -> str:
@@ -232,14 +240,15 @@ def load_note(load: float) -> str:
             "competed for the CPU, so absolute speeds are lower than on an idle machine.")
 
 
-def replay(cols: list[Column], runs: list[Tracker], htmls: list[str], note: str = "") -> Iterator[tuple]:
-    """Show the recorded generations side by side, each token appearing at its recorded time."""
-    t_end = max((tr.times[-1] for tr in runs if tr.times), default=0.0)
+def replay(runs: list[tuple[int, Column, Tracker]], htmls: list[str], note: str = "") -> Iterator[tuple]:
+    """Show the recorded generations side by side, each token appearing at its recorded time;
+    `runs`: (the column's place in the tab, the column, its recording)."""
+    t_end = max((tr.times[-1] for _, _, tr in runs if tr.times), default=0.0)
     t0 = time.perf_counter()
     while True:
         tau = time.perf_counter() - t0
         done = tau >= t_end
-        for i, (col, tr) in enumerate(zip(cols, runs, strict=True)):
+        for i, col, tr in runs:
             n = len(tr.times) if done else sum(1 for t in tr.times if t <= tau)
             finished = done or not tr.times or tau >= tr.times[-1]
             if finished and tr.reply is not None:
@@ -257,7 +266,7 @@ def replay(cols: list[Column], runs: list[Tracker], htmls: list[str], note: str 
         time.sleep(FRAME_S)
     rows = []
     base = None
-    for col, tr in zip(cols, runs, strict=True):
+    for _, col, tr in runs:
         r = tr.reply
         tps = r.stats.tokens_per_s if r is not None else 0.0
         base = tps if base is None else base
@@ -271,7 +280,7 @@ def replay(cols: list[Column], runs: list[Tracker], htmls: list[str], note: str 
         })
     summary = {"method": "sequential runs, recorded per-token timings replayed in sync", "columns": rows,
                "load_note": note.strip()}
-    errs = [f"column {i + 1}: {r['error']}" for i, r in enumerate(rows) if r["error"]]
+    errs = [f"column {i + 1}: {r['error']}" for (i, _, _), r in zip(runs, rows, strict=True) if r["error"]]
     status = "Done. " + ("; ".join(errs) if errs else "Bars: decode tokens/s; speedup relative to column 1.") + note
     top = max((r["tokens_per_s"] for r in rows), default=0.0)
     chart = gr.BarPlot(speed_frame(rows), y_lim=[0, 1.15 * top or 1.0])  # bars start at zero
