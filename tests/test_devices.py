@@ -52,10 +52,11 @@ def test_exact_and_a_gpu_device_are_refused_before_loading():
 
 
 def test_bad_gpu_layers_is_one_line():
+    # every variable with a meaning is read before any work starts (runtime/env.py), on the CPU too
     res = run_app(*PROMPT, env={**CPU_ONLY, "EDGESPEC_GPU_LAYERS": "all"})
-    # on the CPU no layer is offloaded, so the value is not read: only a GPU device reads it
-    assert res.returncode == 0, res.stderr
-    from edgespec.runtime.llama import gpu_layers
+    assert res.returncode != 0 and res.stderr.strip().splitlines() == [
+        "error: EDGESPEC_GPU_LAYERS must be a whole number >= 0, got 'all'"], res.stderr
+    from edgespec.runtime.env import gpu_layers
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("EDGESPEC_GPU_LAYERS", "all")
@@ -63,6 +64,8 @@ def test_bad_gpu_layers_is_one_line():
             gpu_layers()
         mp.setenv("EDGESPEC_GPU_LAYERS", "12")
         assert gpu_layers() == 12
+        mp.setenv("EDGESPEC_GPU_LAYERS", "")
+        assert gpu_layers() is None  # unset: every layer on the chosen device
 
 
 def test_setup_refuses_an_unknown_gpu_kind():
