@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -64,13 +65,15 @@ class Served:
 
 def start_server(*args: str, timeout: float = 180) -> Served:
     port = free_port()
+    # serve logs a line per request: a file, not a pipe nobody reads (a full pipe would block it)
+    log = tempfile.NamedTemporaryFile("w+", prefix="serve-", suffix=".log", delete=False)  # noqa: SIM115
     proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "serve", "--port", str(port), *args],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, env=os.environ.copy())
     served = Served(proc, port)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise AssertionError(f"server exited: {proc.stderr.read()}")
+            raise AssertionError(f"server exited: {Path(log.name).read_text()[-2000:]}")
         try:
             if httpx.get(served.url + "/health", timeout=2).status_code == 200:
                 return served

@@ -80,7 +80,7 @@ def test_stop_string_inside_a_token_keeps_the_text_before_it(stops, steps, text,
 @pytest.mark.parametrize("kw, msg", [
     ({}, "one of them"),
     ({"text": "  "}, "empty"),
-    ({"messages": [{"role": "assistant", "content": "hi"}]}, "end with the user"),
+    ({"messages": [{"role": "assistant", "content": "hi"}]}, "needs a user message"),
     ({"text": "hi", "framing": "poem"}, "framing"),
     ({"text": "hi", "framing": "raw", "system": "be brief"}, "system message"),
     ({"text": "hi", "gamma": "1000"}, "gamma 1000"),
