@@ -190,9 +190,14 @@ def test_prompt_rate_only_where_the_prefill_decoded_enough_tokens(server):
 
 
 def nan_reply() -> Reply:
-    """A finished reply whose cost model holds a non-finite figure (a corrupt stored profile)."""
+    """A finished reply whose cost model holds non-finite figures. A stored profile with them is now refused on
+    load (CostModel validates), so the table is corrupted after construction: the output must stay valid JSON
+    whatever figure reaches it."""
+    costs = CostModel({1: 0.01, 2: 0.012})
+    costs._table[:] = math.nan
+    costs._table[2] = math.inf
     reply = Reply(text="x", tokens=[1], sources=["target"], pieces=["x"], drafted_by=[""], finish_reason="eog",
-                  costs=CostModel({1: math.nan, 2: math.inf}), drafter="ngram", gamma="auto")
+                  costs=costs, drafter="ngram", gamma="auto")
     reply.stats.target_calls = 1
     reply.stats.drafted = 2
     reply.stats.accepted = 1
