@@ -39,9 +39,10 @@ def free_port() -> int:
 
 
 class Served:
-    def __init__(self, proc: subprocess.Popen, port: int) -> None:
+    def __init__(self, proc: subprocess.Popen, port: int, log: str) -> None:
         self.proc = proc
         self.port = port
+        self.log = log
         self.url = f"http://127.0.0.1:{port}"
         self.client = openai.OpenAI(base_url=f"{self.url}/v1", api_key=KEY, max_retries=0, timeout=120)
 
@@ -50,6 +51,10 @@ class Served:
         content = body if isinstance(body, str | bytes) else json.dumps(body)
         return httpx.post(self.url + path, content=content, headers={**headers, "Content-Type": "application/json"},
                           timeout=120, **kw)
+
+    def stderr(self) -> str:
+        """What serve wrote to stderr so far (its banner, one line per request, errors)."""
+        return Path(self.log).read_text()
 
     def health(self) -> dict:
         r = httpx.get(self.url + "/health", timeout=10)
@@ -69,7 +74,7 @@ def start_server(*args: str, timeout: float = 180) -> Served:
     log = tempfile.NamedTemporaryFile("w+", prefix="serve-", suffix=".log", delete=False)  # noqa: SIM115
     proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "serve", "--port", str(port), *args],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, env=os.environ.copy())
-    served = Served(proc, port)
+    served = Served(proc, port, log.name)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

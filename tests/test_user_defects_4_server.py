@@ -234,7 +234,7 @@ def test_one_log_line_per_request_and_two_ctrl_c_exit_quietly():
         time.sleep(0.1)
         served.proc.send_signal(signal.SIGINT)
         code = served.proc.wait(timeout=30)
-        err = served.proc.stderr.read()
+        err = served.stderr()
     finally:
         stop(served.proc)
     assert code == 130, err

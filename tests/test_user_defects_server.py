@@ -80,7 +80,7 @@ def test_ctrl_c_during_a_stream_ends_it_with_done_and_exits_130():
                     served.proc.send_signal(signal.SIGINT)
         queued.join(timeout=30)
         code = served.proc.wait(timeout=30)
-        err = served.proc.stderr.read()
+        err = served.stderr()
     finally:
         stop(served.proc)
     assert events[-1] == "[DONE]", events[-3:]
