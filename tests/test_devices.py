@@ -117,3 +117,13 @@ def test_the_pool_changes_device_only_to_one_that_exists():
     assert pool.opts.device is None
     pool.use_device("cpu")
     assert pool.opts.device == "cpu"
+
+
+def test_flash_attention_auto_is_off_on_the_cpu_and_on_lavapipe():
+    from edgespec.runtime.llama import resolve_flash_attn
+    assert backend.is_software("llvmpipe (LLVM 15.0.6, 256 bits)")
+    assert not backend.is_software("NVIDIA H100 80GB HBM3") and not backend.is_software("AMD EPYC")
+    assert resolve_flash_attn("auto", on_cpu=True) == "off"
+    assert resolve_flash_attn("auto", on_cpu=False, software_gpu=True) == "off"  # lavapipe dies in it (docs/gpu.md)
+    assert resolve_flash_attn("auto", on_cpu=False) == "auto"  # a real GPU: llama.cpp decides
+    assert resolve_flash_attn("on", on_cpu=False, software_gpu=True) == "on"  # what the user asks is kept

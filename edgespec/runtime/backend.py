@@ -516,6 +516,12 @@ class Device:
         return f"{self.name:<10} {self.description} ({self.kind}, {memory})"
 
 
+def is_software(description: str) -> bool:
+    """A GPU device that is the CPU running Mesa's software Vulkan driver (lavapipe: 'llvmpipe (LLVM
+    15.0.6, 256 bits)'), as in CI and on machines without a GPU."""
+    return description.lower().startswith("llvmpipe")
+
+
 def _dev_api(ggml: ctypes.CDLL) -> ctypes.CDLL:
     """ggml's device functions with their C types (ggml-backend.h)."""
     ggml.ggml_backend_dev_count.restype = ctypes.c_size_t

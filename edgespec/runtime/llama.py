@@ -144,11 +144,14 @@ def set_mode(mode: str) -> None:
     _mode = mode
 
 
-def resolve_flash_attn(flash_attn: FlashAttn, on_cpu: bool = True) -> FlashAttn:
+def resolve_flash_attn(flash_attn: FlashAttn, on_cpu: bool = True, software_gpu: bool = False) -> FlashAttn:
     """'auto' is 'off' where every layer runs on this machine's CPU: llama.cpp's CPU flash-attention
-    path made verification passes slower at every row count measured (docs/kernels.md); on GPU or
-    RPC devices llama.cpp decides. 'on' and 'off' are kept."""
-    return "off" if flash_attn == "auto" and on_cpu else flash_attn
+    path made verification passes slower at every row count measured (docs/kernels.md). It is 'off'
+    on a software Vulkan device too (Mesa's llvmpipe, `backend.is_software`): Mesa 22.3.6's lavapipe
+    dies in its queue thread (SIGSEGV) running ggml's flash-attention shader for some cache lengths
+    (3 rows after 43 cached tokens of SmolLM2; docs/gpu.md). On GPU or RPC devices llama.cpp decides.
+    'on' and 'off' are kept."""
+    return "off" if flash_attn == "auto" and (on_cpu or software_gpu) else flash_attn
 
 
 def mode() -> str:
@@ -293,7 +296,8 @@ class Model:
         self.file = ModelFile(p)
         self._load_weights(llama, p, repack, devices, device, progress)
         n_threads = n_threads or max(1, len(os.sched_getaffinity(0)))
-        flash_attn = resolve_flash_attn(flash_attn, on_cpu=not devices and self.device == backend.CPU_DEVICE)
+        flash_attn = resolve_flash_attn(flash_attn, on_cpu=not devices and self.device == backend.CPU_DEVICE,
+                                        software_gpu=backend.is_software(self.device_description))
         self._create_context(llama, p, n_ctx, n_batch, n_threads, flash_attn)
         self.n_ctx = llama.llama_n_ctx(self._ctx)
         # llama.cpp may shrink the batch (never above the requested context); decode must not exceed it.
