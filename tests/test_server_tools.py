@@ -105,6 +105,7 @@ def test_a_history_of_calls_and_results_goes_back_through_the_template_with_its_
      "messages.1.tool_calls.0.function.arguments"),
     ({"messages": [*EARLIER[:2], {"role": "tool", "content": "18"}]}, "messages.2.tool_call_id"),
     ({"prediction": {"type": "content"}}, "prediction.content"),
+    ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
 ])
 def test_bad_tools_are_400s_naming_the_field(server, change, param):
     body = {"model": MODEL, "messages": [ASK], "max_tokens": 4, **change}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import threading
@@ -332,3 +333,25 @@ def test_a_logged_in_user_drafts_from_its_keys_answers_only():
         assert refused.status_code == 400
     finally:
         blocks.close()
+
+
+def test_a_reply_format_holds_the_reply_to_a_schema_and_its_forced_tokens_are_drafted(app):
+    """The Chat tab's Reply format box: a JSON schema holds the reply to it, the tokens it forces are
+    drafted and shown in their own colour; text that is not JSON, or a schema the engine cannot
+    hold a reply to, is a visible one-line error."""
+    _, url = app
+    client = Client(url, verbose=False)
+    schema = ('{"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}, '
+              '"country": {"enum": ["France", "Germany", "Italy"]}}, "required": ["city", "country"], '
+              '"additionalProperties": false}')
+    out = client.predict(*chat_args("Where is the Eiffel tower?", max_tokens=40), schema, api_name="/chat")
+    assert out[-1] == "", out[-1]
+    data = out[2]
+    reply = json.loads("".join(text for text, _ in data["segments"]))
+    assert set(reply) == {"city", "country"} and reply["country"] in ("France", "Germany", "Italy")
+    assert "grammar" in {source for _, source in data["segments"]}, data["segments"]
+    assert "tok-grammar" in bubble(out[1])
+    for bad, says in (("{city", "the reply format is not JSON"), ('{"type": "strin"}', "strin")):
+        out = client.predict(*chat_args("Where is the Eiffel tower?", max_tokens=8), bad, api_name="/chat")
+        assert says in out[-1], out[-1]
+        one_line_error(out[-1])

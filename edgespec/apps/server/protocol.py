@@ -252,6 +252,9 @@ def to_request(body: ChatBody | CompletionBody, defaults: Request, draft_spec: s
             return Request(**_prompt(body), framing="raw", **common), max_tokens is not None
         system, messages = _conversation(body)
         tools, choice = _tools(body)
+        if tools and common["grammar"] is not None and tooling.must_call(choice):
+            raise ApiError(400, "tool_choice: a required tool call and response_format cannot both hold (the reply "
+                           "is either a call or the format's text); drop one", "invalid_value", param="tool_choice")
         framing = d.framing if d.framing in ("auto", "chat", "transcript") else "auto"
         return (Request(messages=messages, system=d.system if system is None else system, framing=framing,
                         tools=tools, tool_choice=choice, parallel_tool_calls=body.parallel_tool_calls is not False,

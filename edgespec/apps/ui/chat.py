@@ -21,6 +21,7 @@ from edgespec.apps.ui.live import Tracker, stream
 from edgespec.core.sampling import SamplingParams
 from edgespec.runtime.errors import EdgeSpecError, one_line
 from edgespec.service.session import Request
+from edgespec.service.structured import json_schema_grammar
 
 # How often a streaming reply refreshes the page. Generation shares the CPU with the browser that
 # shows it: with the bubble, both plots and the reply data refreshed 10 times a second, the real
@@ -80,7 +81,7 @@ def build_chat_tab(ctx: AppContext, target: gr.Dropdown, draft_model: gr.Dropdow
     w = _components(d)
     send_fn, regen_fn, stop_fn, clear_fn = _handlers(ctx)
     settings = [w.system, w.kind, w.gamma, w.max_tokens, w.temperature, w.top_k, w.top_p, w.min_p, w.seed,
-                w.highlight, target, draft_model]
+                w.highlight, target, draft_model, w.schema]
     outs = [w.chatbot, w.turns, w.reply_data, w.live, w.steps_plot, w.speed_plot, w.error]
     gen_opts = dict(concurrency_limit=8, concurrency_id="generate", show_progress="hidden")
     sent = w.msg.submit(send_fn, [w.msg, w.turns, *settings], [w.msg, *outs], api_visibility="private", **gen_opts)
@@ -126,6 +127,11 @@ def _components(d: Defaults) -> SimpleNamespace:
                 w.top_p = gr.Slider(0.01, 1.0, value=d.top_p, step=0.01, label="top-p")
                 w.min_p = gr.Slider(0.0, 0.99, value=d.min_p, step=0.01, label="min-p")
                 w.seed = gr.Number(-1 if d.seed is None else d.seed, precision=0, label="seed (-1 = random)")
+            with gr.Accordion("Reply format (JSON schema)", open=False):
+                w.schema = gr.Textbox("", lines=4, show_label=False, elem_id="es-schema",
+                                      placeholder='Blank: free text. A JSON schema, e.g. {"type": "object", '
+                                      '"properties": {"city": {"type": "string"}}, "required": ["city"]}, holds '
+                                      "the reply to it; the tokens it forces are drafted for free (amber).")
             gr.Markdown("### Live stats")
             w.live = gr.Markdown("No steps yet.", elem_id="es-live")
             gr.HTML(render.plot_legend(render.STEP_COLORS))
@@ -146,8 +152,10 @@ def _components(d: Defaults) -> SimpleNamespace:
 def _request(
     turns_: list[dict], system_: str, kind_: str, gamma_: str, max_tokens_: float, temperature_: float,
     top_k_: float, top_p_: float, min_p_: float, seed_: float, draft_: str, ngram: tuple[int, int], owner: str = "",
+    schema_: str = "",
 ) -> Request:
-    """The Request for the last turn from the settings as the browser sent them (raises on bad ones)."""
+    """The Request for the last turn from the settings as the browser sent them (raises on bad ones:
+    a reply format that is not JSON, or a schema the grammar engine cannot hold a reply to)."""
     sampling = SamplingParams(
         float(temperature_), int(top_k_ or 0), float(top_p_), float(min_p_),
         None if seed_ is None or int(seed_) < 0 else int(seed_),
@@ -161,7 +169,19 @@ def _request(
         max_tokens=int(max_tokens_),
         sampling=sampling,
         owner=owner,
+        grammar=_schema_grammar(schema_),
     )
+
+
+def _schema_grammar(text: str | None) -> str | None:
+    """The grammar of the Reply format box: None when blank, else its JSON schema's."""
+    if not (text or "").strip():
+        return None
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise EdgeSpecError(f"the reply format is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    return json_schema_grammar(schema)
 
 
 def _handlers(ctx: AppContext) -> tuple[Callable[..., Iterator[tuple]], Callable[..., Iterator[tuple]],
@@ -172,13 +192,13 @@ def _handlers(ctx: AppContext) -> tuple[Callable[..., Iterator[tuple]], Callable
     def run(
         turns_: list[dict], system_: str, kind_: str, gamma_: str, max_tokens_: float,
         temperature_: float, top_k_: float, top_p_: float, min_p_: float, seed_: float,
-        highlight_: bool, target_: str, draft_: str, request: gr.Request,
+        highlight_: bool, target_: str, draft_: str, schema_: str, request: gr.Request,
     ) -> Iterator[tuple]:
         turn = turns_[-1]
         tr = Tracker()
         try:
             req = _request(turns_, system_, kind_, gamma_, max_tokens_, temperature_, top_k_, top_p_, min_p_, seed_,
-                           draft_, d.ngram, ctx.owner(request.username))
+                           draft_, d.ngram, ctx.owner(request.username), schema_)
         except (EdgeSpecError, TypeError, ValueError) as exc:
             tr.error = one_line(exc, typed=True)
             turns_.pop()
@@ -205,7 +225,7 @@ def _handlers(ctx: AppContext) -> tuple[Callable[..., Iterator[tuple]], Callable
     def send_fn(
         message: str, turns_: list[dict], system_: str, kind_: str, gamma_: str, max_tokens_: float,
         temperature_: float, top_k_: float, top_p_: float, min_p_: float, seed_: float,
-        highlight_: bool, target_: str, draft_: str, request: gr.Request,
+        highlight_: bool, target_: str, draft_: str, schema_: str, request: gr.Request,
     ) -> Iterator[tuple]:
         settings_ = (system_, kind_, gamma_, max_tokens_, temperature_, top_k_, top_p_, min_p_, seed_)
         if not (message or "").strip():
@@ -214,14 +234,14 @@ def _handlers(ctx: AppContext) -> tuple[Callable[..., Iterator[tuple]], Callable
             return
         before = len(turns_)
         turns_ = turns_ + [{"user": message, "reply": "", "segments": [], "stats": ""}]
-        for out in run(turns_, *settings_, highlight_, target_, draft_, request):
+        for out in run(turns_, *settings_, highlight_, target_, draft_, schema_, request):
             failed = len(out[1]) == before
             yield (message if failed else "", *out)  # a failed message goes back into the box
 
     def regen_fn(
         turns_: list[dict], system_: str, kind_: str, gamma_: str, max_tokens_: float,
         temperature_: float, top_k_: float, top_p_: float, min_p_: float, seed_: float,
-        highlight_: bool, target_: str, draft_: str, request: gr.Request,
+        highlight_: bool, target_: str, draft_: str, schema_: str, request: gr.Request,
     ) -> Iterator[tuple]:
         settings_ = (system_, kind_, gamma_, max_tokens_, temperature_, top_k_, top_p_, min_p_, seed_)
         if not turns_:
@@ -229,7 +249,7 @@ def _handlers(ctx: AppContext) -> tuple[Callable[..., Iterator[tuple]], Callable
                    "error: nothing to regenerate")
             return
         turns_ = turns_[:-1] + [{"user": turns_[-1]["user"], "reply": "", "segments": [], "stats": ""}]
-        yield from run(turns_, *settings_, highlight_, target_, draft_, request)
+        yield from run(turns_, *settings_, highlight_, target_, draft_, schema_, request)
 
     def stop_fn(request: gr.Request) -> str:
         ctx.stop(request.session_hash or "", "chat")
