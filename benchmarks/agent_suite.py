@@ -393,7 +393,7 @@ def summarise(prompts: list[Prompt], names: list[str], results: dict) -> dict:
             row["configs"][name] = {
                 "tok_s": x.rate, "rates": x.rates, "speedup": speedup(x.rate, base.rate),
                 "tokens": x.tokens, "drafted": x.drafted, "accepted": x.accepted, "accepted_by_source": x.by_source,
-                "drafted_by_source": x.drafted_by_source, "valid": x.valid, "finishes": x.finishes,
+                "drafted_by_source": x.drafted_by_source, "valid": x.valid, "finishes": x.finishes, "texts": x.texts,
                 "grammar_ms": x.grammar_ms, "decode_ms": x.decode_ms,
                 "same_text": all(t == base.texts[0] for t in x.texts) if not name.startswith(llamacpp.PREFIX) else None,
             }
