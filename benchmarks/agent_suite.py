@@ -4,7 +4,7 @@ the official `openai` client to `python app.py serve`, started here on 127.0.0.1
 
     .venv/bin/python -m benchmarks.agent_suite --target qwen2.5-coder-1.5b [--repeats 3]
         [--drafts ngram,suffix] [--reference llama.cpp:ngram-simple,ngram-map-k,ngram-mod,ngram-cache]
-        [--suite agent] [--suite code_open] [--out DIR]
+        [--suite agent] [--suite code_open] [--out DIR] [--constrained] [--prediction]
 
 Timing discipline, as the bench's: every request runs plain (`draft: none`) and each drafter in a
 rotating order, one after another on the same server, and every ratio is of medians over repeats of
@@ -20,6 +20,23 @@ ngram-cache type learns within a request only (this llama.cpp neither saves its 
 takes -lcd in that program). Without the binary they are skipped with one line.
 
 Prints a per-request table (later requests of a session vs its first one) and the ratios per kind.
+
+`--constrained`: what agents send for structured answers. A request whose suite line has a `schema`
+(the extractions) asks for it as `response_format` json_schema (strict); one with `tools` (the tool
+calls) sends them with `tool_choice: "required"` (one call: `parallel_tool_calls: false`). Plain
+decoding and every drafter get the same constraint, so the baseline is constrained plain decoding
+and the drafters add the grammar's forced tokens (source `grammar`) to their own. A further table
+gives per kind and configuration the share of answers valid under their schema (`jsonschema`) or
+read as a call of one of the tools with valid arguments, the accepted draft tokens by source
+(`timings.draft_n_accepted_by_source`) and the grammar's time as a share of decode time.
+
+`--prediction`: a request of kind rewrite or edit sends the file its prompt holds (the fenced code
+block, fences included: the answer's own format) as `prediction: {"type": "content", ...}` with every
+drafter, and a configuration `prediction` (`draft: none` with the prediction) is added; `plain`
+stays plain decoding without it.
+
+`--suite agent_heldout` holds requests written after the constrained variants were built and never
+tuned on (new tickets, emails and invoices with other fields, other tools), for the carry-over check.
 """
 
 from __future__ import annotations
@@ -27,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 import statistics
 import subprocess
@@ -44,6 +62,7 @@ from edgespec.service.suites import Prompt, load_suites
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAIN = "plain"
+PREDICTION = "prediction"  # --prediction: draft none with the prediction (the prediction drafts alone)
 
 
 @dataclass
@@ -56,6 +75,11 @@ class Result:
     drafted: int = 0
     accepted: int = 0
     by_source: dict[str, int] = field(default_factory=dict)  # accepted draft tokens by source, pooled
+    drafted_by_source: dict[str, int] = field(default_factory=dict)  # drafted tokens by source, pooled
+    valid: list[bool] = field(default_factory=list)  # constrained answers: valid under their constraint
+    finishes: list[str] = field(default_factory=list)
+    grammar_ms: float = 0.0  # the grammar's masks and forced tokens, pooled
+    decode_ms: float = 0.0
 
     @property
     def rate(self) -> float:
@@ -112,13 +136,121 @@ def budget(pr: Prompt, max_tokens: int | None) -> int:
     return max_tokens or pr.max_tokens or 128
 
 
-def ask(client, model: str, pr: Prompt, draft: str, max_tokens: int) -> dict:  # noqa: ANN001 - openai.OpenAI
+PREDICTED_KINDS = ("rewrite", "edit")
+CODE_BLOCK = re.compile(r"^```[^\n]*\n.*?^```[ \t]*$", re.DOTALL | re.MULTILINE)
+
+
+def constraint(pr: Prompt, constrained: bool) -> dict:
+    """What a constrained run adds to the request: the schema as response_format, or the tools with
+    a required call (one)."""
+    if not constrained:
+        return {}
+    if pr.schema is not None:
+        name = re.sub(r"[^A-Za-z0-9_-]", "_", pr.session or pr.id)[:64]
+        return {"response_format": {"type": "json_schema",
+                                    "json_schema": {"name": name, "schema": pr.schema, "strict": True}}}
+    if pr.tools:
+        return {"tools": list(pr.tools), "tool_choice": "required", "parallel_tool_calls": False}
+    return {}
+
+
+def predicted(pr: Prompt) -> str | None:
+    """The file a rewrite or edit request holds (its first fenced code block, fences included)."""
+    if (pr.kind or pr.category) not in PREDICTED_KINDS:
+        return None
+    m = CODE_BLOCK.search(pr.text)
+    return m.group(0) if m else None
+
+
+def _validator():  # noqa: ANN202
+    """jsonschema's check (errors as a list) when it is installed, else a check of the schemas this
+    suite uses: types, enum, const, required, properties, additionalProperties, items."""
+    try:
+        import jsonschema
+    except ImportError:
+        return _fallback_errors
+    return lambda value, schema: [e.message for e in jsonschema.Draft202012Validator(schema).iter_errors(value)]
+
+
+TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
+
+
+def _fallback_errors(value, schema: dict, path: str = "") -> list[str]:  # noqa: ANN001
+    errs = []
+    t = schema.get("type")
+    types = t if isinstance(t, list) else [t] if t else []
+    def is_type(v, name):  # noqa: ANN001, ANN202, E306
+        if name == "integer":
+            return isinstance(v, int) and not isinstance(v, bool)
+        if name == "number":
+            return isinstance(v, (int, float)) and not isinstance(v, bool)
+        return isinstance(v, TYPES[name])
+    if types and not any(is_type(value, n) for n in types):
+        return [f"{path or '/'}: not of type {t}"]
+    if "enum" in schema and value not in schema["enum"]:
+        errs.append(f"{path or '/'}: not one of {schema['enum']}")
+    if "const" in schema and value != schema["const"]:
+        errs.append(f"{path or '/'}: not {schema['const']!r}")
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        errs += [f"{path}/{k}: missing" for k in schema.get("required", ()) if k not in value]
+        for k, v in value.items():
+            if k in props:
+                errs += _fallback_errors(v, props[k], f"{path}/{k}")
+            elif schema.get("additionalProperties") is False:
+                errs.append(f"{path}/{k}: not allowed")
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, v in enumerate(value):
+            errs += _fallback_errors(v, schema["items"], f"{path}/{i}")
+    return errs
+
+
+SCHEMA_ERRORS = _validator()
+
+
+def valid(pr: Prompt, text: str, calls: list[dict]) -> bool | None:
+    """Whether a constrained answer holds: JSON valid under the request's schema, or at least one
+    call, each of a function among its tools with JSON arguments valid under that function's
+    parameters. None for a request without a constraint."""
+    if pr.schema is not None:
+        try:
+            return not SCHEMA_ERRORS(json.loads(text), pr.schema)
+        except ValueError:
+            return False
+    if pr.tools:
+        fns = {t["function"]["name"]: t["function"].get("parameters") or {"type": "object"} for t in pr.tools}
+        if not calls:
+            return False
+        for c in calls:
+            if c["name"] not in fns:
+                return False
+            try:
+                args = json.loads(c["arguments"])
+            except ValueError:
+                return False
+            if SCHEMA_ERRORS(args, fns[c["name"]]):
+                return False
+        return True
+    return None
+
+
+def ask(client, model: str, pr: Prompt, draft: str, max_tokens: int, extra: dict | None = None) -> dict:  # noqa: ANN001 - openai.OpenAI
+    """One request; `extra`: the constraint and prediction fields of the body."""
+    extra = dict(extra or {})
+    kw = {k: extra.pop(k) for k in ("response_format", "tools", "tool_choice", "parallel_tool_calls") if k in extra}
     r = client.chat.completions.create(model=model, messages=messages(pr), max_tokens=max_tokens,
-                                       temperature=0, extra_body={"draft": draft})
+                                       temperature=0, extra_body={"draft": draft, **extra}, **kw)
     t = r.model_extra["timings"]
-    return {"text": r.choices[0].message.content or "", "rate": t["predicted_per_second"], "n": t["predicted_n"],
-            "drafted": t["draft_n"], "accepted": t["draft_n_accepted"],
-            "by_source": t.get("draft_n_accepted_by_source", {})}
+    msg = r.choices[0].message
+    calls = [{"name": c.function.name, "arguments": c.function.arguments} for c in msg.tool_calls or ()]
+    text = msg.content or ""
+    if calls:  # compared across configurations without the calls' random ids
+        text += "".join(json.dumps(c, ensure_ascii=False) for c in calls)
+    return {"text": text, "content": msg.content or "", "calls": calls, "rate": t["predicted_per_second"],
+            "n": t["predicted_n"], "drafted": t["draft_n"], "accepted": t["draft_n_accepted"],
+            "by_source": t.get("draft_n_accepted_by_source", {}), "drafted_by_source": t.get("draft_n_by_source", {}),
+            "grammar_ms": t.get("grammar_ms") or 0.0, "decode_ms": t.get("predicted_ms") or 0.0,
+            "finish": r.choices[0].finish_reason}
 
 
 class References:
@@ -159,8 +291,15 @@ def run(args: argparse.Namespace) -> dict:
     if args.limit:
         prompts = prompts[: args.limit]
     drafts = [d.strip() for d in args.drafts.split(",") if d.strip()]
-    configs = [PLAIN, *drafts]
+    configs = [PLAIN, *([PREDICTION] if args.prediction else []), *drafts]
+    if args.prediction and not any(predicted(pr) for pr in prompts):
+        raise EdgeSpecError(f"--prediction: no request of kind {' or '.join(PREDICTED_KINDS)} with a code block")
+    if args.constrained and not any(constraint(pr, True) for pr in prompts):
+        raise EdgeSpecError("--constrained: none of these requests has a 'schema' or 'tools' in its suite line")
     types = [t for spec in args.reference for t in llamacpp.parse_reference(spec)]
+    if types and (args.constrained or args.prediction):
+        raise EdgeSpecError("--reference runs llama.cpp without a grammar or a prediction: leave it out with "
+                            "--constrained or --prediction")
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -183,16 +322,30 @@ def run(args: argparse.Namespace) -> dict:
                                    max_retries=0, timeout=1800)
             for i, pr in enumerate(prompts):
                 shift = (r + i) % len(configs)
+                fixed = constraint(pr, args.constrained)
+                file = predicted(pr) if args.prediction else None
                 for name in configs[shift:] + configs[:shift]:
-                    a = ask(client, model, pr, "none" if name == PLAIN else name, budget(pr, args.max_tokens))
+                    extra = dict(fixed)
+                    if file is not None and name != PLAIN:
+                        extra["prediction"] = {"type": "content", "content": file}
+                    a = ask(client, model, pr, "none" if name in (PLAIN, PREDICTION) else name,
+                            budget(pr, args.max_tokens), extra)
                     res = results[pr.id][name]
                     res.rates.append(a["rate"])
                     res.generated.append(a["n"])
                     res.texts.append(a["text"])
+                    res.finishes.append(a["finish"])
                     res.drafted += a["drafted"]
                     res.accepted += a["accepted"]
+                    res.grammar_ms += a["grammar_ms"]
+                    res.decode_ms += a["decode_ms"]
                     for src, n in a["by_source"].items():
                         res.by_source[src] = res.by_source.get(src, 0) + n
+                    for src, n in a["drafted_by_source"].items():
+                        res.drafted_by_source[src] = res.drafted_by_source.get(src, 0) + n
+                    ok = valid(pr, a["content"], a["calls"]) if fixed else None
+                    if ok is not None:
+                        res.valid.append(ok)
                 if refs.runs:
                     toks = refs.tokens(pr)
                     for name, ref in refs.runs.items():
@@ -240,6 +393,8 @@ def summarise(prompts: list[Prompt], names: list[str], results: dict) -> dict:
             row["configs"][name] = {
                 "tok_s": x.rate, "rates": x.rates, "speedup": speedup(x.rate, base.rate),
                 "tokens": x.tokens, "drafted": x.drafted, "accepted": x.accepted, "accepted_by_source": x.by_source,
+                "drafted_by_source": x.drafted_by_source, "valid": x.valid, "finishes": x.finishes, "texts": x.texts,
+                "grammar_ms": x.grammar_ms, "decode_ms": x.decode_ms,
                 "same_text": all(t == base.texts[0] for t in x.texts) if not name.startswith(llamacpp.PREFIX) else None,
             }
         rows.append(row)
@@ -261,8 +416,25 @@ def summarise(prompts: list[Prompt], names: list[str], results: dict) -> dict:
             toks = sum(r["configs"][name]["tokens"] for r in rs)
             secs = sum(r["configs"][name]["tokens"] / r["configs"][name]["tok_s"] for r in rs if r["configs"][name]["tok_s"])
             rate = toks / secs if secs else 0.0
+            cs = [r["configs"][name] for r in rs]
+            checked = [v for c in cs for v in c["valid"]]
+            by_source: dict[str, int] = {}
+            drafted_by: dict[str, int] = {}
+            for c in cs:
+                for src, n in c["accepted_by_source"].items():
+                    by_source[src] = by_source.get(src, 0) + n
+                for src, n in c["drafted_by_source"].items():
+                    drafted_by[src] = drafted_by.get(src, 0) + n
+            decode_ms = sum(c["decode_ms"] for c in cs)
             cell[name] = {"tok_s": rate, "speedup": speedup(rate, tok_plain / secs_plain if secs_plain else 0.0),
-                          "requests": len(rs)}
+                          "requests": len(rs),
+                          # constrained answers checked / valid (schema-valid JSON, or calls of the tools)
+                          "checked": len(checked), "valid": sum(checked),
+                          "drafted": sum(c["drafted"] for c in cs), "accepted": sum(c["accepted"] for c in cs),
+                          "accepted_by_source": dict(sorted(by_source.items())),
+                          "drafted_by_source": dict(sorted(drafted_by.items())),
+                          "grammar_share": sum(c["grammar_ms"] for c in cs) / decode_ms if decode_ms else 0.0,
+                          "length_cut": sum(f == "length" for c in cs for f in c["finishes"])}
         kinds[kind] = cell
     return {"requests": rows, "kinds": kinds}
 
@@ -290,6 +462,18 @@ def markdown(report: dict, names: list[str]) -> str:
         lines.append("")
         for kind, cell in report["kinds"].items():
             lines.append(f"suffix / ngram, {kind}: {cell['suffix']['tok_s'] / max(cell['ngram']['tok_s'], 1e-9):.2f}x")
+    lines += ["", "| kind | config | valid | accepted/drafted | accepted by source | grammar % of decode | cut at max_tokens |",
+              "|---|---|---|---|---|---|---|"]
+    for kind, cell in report["kinds"].items():
+        for n in names:
+            if n.startswith(llamacpp.PREFIX):
+                continue
+            c = cell[n]
+            srcs = ", ".join(f"{src} {c['accepted_by_source'].get(src, 0)}/{c['drafted_by_source'].get(src, 0)}"
+                             for src in sorted({*c["accepted_by_source"], *c["drafted_by_source"]}))
+            lines.append(f"| {kind} | {short[n]} | " + (f"{c['valid']}/{c['checked']}" if c["checked"] else "-")
+                         + f" | {c['accepted']}/{c['drafted']} | {srcs or '-'} | {100 * c['grammar_share']:.1f} | "
+                         f"{c['length_cut']} |")
     refs = [n for n in names if n.startswith(llamacpp.PREFIX)]
     if refs and "suffix" in names:
         cell = report["kinds"]["all"]
@@ -323,6 +507,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--start-timeout", type=float, default=1800.0,
                     help="seconds to wait for the server (its first run measures the cost profile)")
     ap.add_argument("--out", default=None, help="folder for results.json and the server's log")
+    ap.add_argument("--constrained", action="store_true",
+                    help="requests with a schema ask for it as response_format json_schema (strict), those with tools "
+                    "send them with tool_choice required; plain and every drafter alike")
+    ap.add_argument("--prediction", action="store_true",
+                    help="rewrite and edit requests send their file as prediction (every drafter, and a 'prediction' "
+                    "configuration: draft none with it); plain stays without")
     return ap
 
 

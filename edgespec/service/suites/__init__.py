@@ -3,7 +3,9 @@
 Two line formats are accepted:
   ours        {"id": ..., "category": ..., "prompt": "..."}, optionally with "system" (the system
               message an agent sends with it), "max_tokens" (the answer's budget), "kind" (a finer
-              class for reports) and "session" (requests of one agent session, in file order)
+              class for reports), "session" (requests of one agent session, in file order),
+              "schema" (the JSON schema of the answer, for a constrained run's `response_format`)
+              and "tools" (OpenAI function definitions, for a constrained run's `tools`)
   Spec-Bench  {"question_id": ..., "category": ..., "turns": ["...", ...]}  (only the first turn is
               used: the benchmark measures single-turn decoding)
 Every problem is reported as one line naming the file and the line number.
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
@@ -35,6 +37,8 @@ class Prompt:
     max_tokens: int | None = None
     kind: str | None = None
     session: str | None = None
+    schema: dict | None = field(default=None, hash=False)  # the answer's JSON schema (constrained runs)
+    tools: tuple[dict, ...] | None = field(default=None, hash=False)  # OpenAI tools (constrained runs)
 
 
 def _parse_line(obj: object, where: str) -> Prompt:
@@ -70,8 +74,22 @@ def _parse_line(obj: object, where: str) -> Prompt:
     max_tokens = obj.get("max_tokens")
     if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 1):
         raise EdgeSpecError(f"{where}: 'max_tokens' must be a whole number >= 1")
+    schema = obj.get("schema")
+    if schema is not None and (not isinstance(schema, dict) or not schema):
+        raise EdgeSpecError(f"{where}: 'schema' must be a JSON schema (a non-empty object)")
+    tools = obj.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list) or not tools:
+            raise EdgeSpecError(f"{where}: 'tools' must be a non-empty list of OpenAI tools")
+        for i, tool in enumerate(tools):
+            fn = tool.get("function") if isinstance(tool, dict) else None
+            if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(fn, dict) \
+                    or not isinstance(fn.get("name"), str) or not fn["name"]:
+                raise EdgeSpecError(f"{where}: tools[{i}] must be {{\"type\": \"function\", \"function\": "
+                                    f"{{\"name\": ..., \"parameters\": ...}}}}")
+        tools = tuple(tools)
     return Prompt(str(pid), category.strip(), text, where, obj.get("system"), max_tokens, obj.get("kind"),
-                  obj.get("session"))
+                  obj.get("session"), schema, tools)
 
 
 def shipped_suites() -> dict[str, Path]:
