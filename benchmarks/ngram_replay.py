@@ -55,13 +55,13 @@ def held_out(grounded: int, open_ended: int) -> list:
     return out
 
 
-def record(target: str, prompts: Sequence, max_tokens: int) -> list[dict]:
+def record(target: str, prompts: Sequence, max_tokens: int, threads: int | None = None) -> list[dict]:
     """[{id, category, prompt: [tokens], out: [tokens]}] from plain greedy generations (cached)."""
     key = hashlib.sha256(json.dumps([target, [p.id for p in prompts], max_tokens]).encode()).hexdigest()[:16]
     path = cache_dir() / "derived" / f"ngram-replay-{key}.json"
     if path.exists():
         return json.loads(path.read_text())
-    session = Session.load(target, RuntimeOptions())
+    session = Session.load(target, RuntimeOptions(n_threads=threads))
     rows = []
     try:
         framing = "question"
@@ -228,6 +228,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--grounded", type=int, default=8, help="prompts per grounded category")
     ap.add_argument("--open", type=int, default=2, help="prompts per open-ended category")
     ap.add_argument("--max-tokens", type=int, default=BENCH_MAX_TOKENS, help="the bench's length (default %(default)s)")
+    ap.add_argument("--threads", type=int, default=None, help="threads of the recording (greedy tokens do not "
+                    "depend on it; on a loaded machine 1 records faster)")
     ap.add_argument("--table", action="store_true", help="print the acceptance-chain table")
     ap.add_argument("--fixed", default="", help="also replay fixed draft lengths, e.g. 7,15")
     ap.add_argument("--branches", action="store_true", help="would a second candidate branch pay?")
@@ -235,7 +237,7 @@ def main(argv: list[str]) -> int:
                     help="replay the bench's grounded prompts instead (check, not design)")
     args = ap.parse_args(argv)
     prompts = grounded_prompts() if args.bench_prompts else held_out(args.grounded, args.open)
-    rows = record(args.target, prompts, args.max_tokens)
+    rows = record(args.target, prompts, args.max_tokens, args.threads)
     if args.table:
         table = chain_table(rows)
         print("P(token j accepted | 1..j-1 accepted) by match size h (reached in brackets)\n")

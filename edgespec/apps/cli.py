@@ -338,8 +338,15 @@ def stats_line(reply) -> str:
     return (
         f"[{st.tokens_per_s:.1f} tok/s | {st.generated} tokens in {st.decode_s:.2f}s | {acc}"
         f"{st.tokens_per_call:.2f} tokens/target call | {speed}{st.bandwidth_gb_s:.2f} GB/s | "
-        f"drafter {reply.drafter}{gamma} | {reply.device}]"
+        f"drafter {reply.drafter}{gamma} | {reply.device}{_threads(reply)}]"
     )
+
+
+def _threads(reply) -> str:
+    """', 1 of 2 threads (other work holds a core)' while the thread count followed the load."""
+    if reply.device != "cpu" or not reply.threads_max or reply.threads >= reply.threads_max:
+        return ""
+    return f", {reply.threads} of {reply.threads_max} threads (other work holds a core)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

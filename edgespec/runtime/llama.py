@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from edgespec.runtime import backend, env
+from edgespec.runtime import backend, env, threads
 from edgespec.runtime.chat_template import chat_parts, render_chat_template
 from edgespec.runtime.errors import EdgeSpecError
 from edgespec.runtime.model_file import ModelFile
@@ -295,6 +295,9 @@ class Model:
         self.path = str(p)
         self.file = ModelFile(p)
         self._load_weights(llama, p, repack, devices, device, progress)
+        # no thread count given: every decode on the CPU uses the cores other processes leave free
+        # (runtime/threads.py); exact mode keeps one count, as its cost profile was proved with it
+        self.auto_threads = n_threads is None and _mode != "exact" and not devices and self.device == backend.CPU_DEVICE
         n_threads = n_threads or max(1, len(os.sched_getaffinity(0)))
         flash_attn = resolve_flash_attn(flash_attn, on_cpu=not devices and self.device == backend.CPU_DEVICE,
                                         software_gpu=backend.is_software(self.device_description))
@@ -303,6 +306,7 @@ class Model:
         # llama.cpp may shrink the batch (never above the requested context); decode must not exceed it.
         self.n_batch = min(n_batch, llama.llama_n_batch(self._ctx), llama.llama_n_ubatch(self._ctx))
         self.n_threads = n_threads
+        self.threads_now = n_threads  # what the last pass used (below n_threads while other work holds cores)
         self.flash_attn = flash_attn
         self.repack = repack
         self._mem = llama.llama_get_memory(self._ctx)
@@ -623,6 +627,8 @@ class Model:
             if first_out < m:
                 self._b_logits[max(first_out, 0) : m] = 1
             self._batch.n_tokens = m
+            if self.auto_threads:
+                self._follow_free_cores(llama)
             with _CCall():
                 rc = _compute.run(llama.llama_decode, self._ctx, self._batch)
             if rc == 0:
@@ -650,6 +656,12 @@ class Model:
         if on != self._embeddings_on:
             lib().llama_set_embeddings(self._ctx, on)
             self._embeddings_on = on
+
+    def _follow_free_cores(self, llama: ModuleType) -> None:
+        n = min(self.n_threads, threads.governor().threads())
+        if n != self.threads_now:
+            llama.llama_set_n_threads(self._ctx, n, n)
+            self.threads_now = n
 
     def truncate(self, n: int) -> None:
         """Roll the KV cache back so that only positions [0, n) remain."""

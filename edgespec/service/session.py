@@ -288,6 +288,8 @@ class Reply:
     target: str = ""
     device: str = ""  # where the target's layers ran ('cpu', 'Vulkan0', ...)
     device_layers: str = ""  # how many of them llama.cpp put there ("31/31"; "0" on the CPU)
+    threads: int = 0  # CPU threads of the target's last pass (fewer than `threads_max` while other work holds cores)
+    threads_max: int = 0
 
     def add(self, tokens: Sequence[int], sources: Sequence[str], pieces: Sequence[str], drafted_by: Sequence[str],
             stats: Stats, finish: str | None) -> None:
@@ -344,7 +346,8 @@ class Reply:
             "draft": self.drafter,
             "gamma": self.gamma,
             "exact": be.mode == "exact",
-            "backend": {**be.to_dict(), "device": self.device, "device_layers": self.device_layers},
+            "backend": {**be.to_dict(), "device": self.device, "device_layers": self.device_layers,
+                        "threads": self.threads, "threads_max": self.threads_max},
             "stats": self.stats.to_dict(),
             "speedup": {"predicted": self.predicted_speedup, "measured": self.measured_speedup},
             "draft_cap": None if self.costs is None else self.costs.draft_cap,
@@ -482,6 +485,7 @@ class Session:
         try:
             for ev in engine.generate(framed.tokens, req.config(framed.stop), stop):
                 reply.add(ev.tokens, ev.sources, ev.pieces, ev.drafted_by, ev.stats, ev.finish_reason)
+                reply.threads, reply.threads_max = self.target.threads_now, self.target.n_threads
                 reply.policy = engine.policy.snapshot() if engine.drafter is not None else {}
                 yield ev, reply
         finally:
