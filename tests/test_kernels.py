@@ -24,7 +24,8 @@ needs_kernels = pytest.mark.skipif(
     reason="the set-up built no small-batch kernel modules here (not x86 with loadable CPU modules, or "
            "their build failed: scripts/setup.sh says why)")
 
-# A fixed text; every batch size 1..8 is decoded after it, so each K runs the kernel with K columns.
+# A fixed text; every batch size in KS is decoded after its first PREFILL tokens, so each K runs the
+# kernels with K columns (past 16 too: the small-batch path takes up to 32 rows, in calls of 8).
 TEXT = ("def mean(values):\n    total = 0\n    for v in values:\n        total += v\n"
         "    return total / len(values)\n\n\ndef spread(values):\n    return max(values) - min(values)\n\n"
         "print(mean([1, 2, 3, 4]), spread([1, 2, 3, 4]))\n")
@@ -35,21 +36,27 @@ from edgespec.runtime import llama as runtime
 path, out = sys.argv[1], sys.argv[2]
 m = runtime.Model(path, n_ctx=256, n_batch=64, flash_attn="off", repack=sys.argv[4] == "repack")
 toks = m.tokenize(sys.argv[3], add_special=True)
+prefill, ks = json.loads(sys.argv[5])
 # a prefill longer than the small-batch path takes, so that both kernel sets fill the same cache
-m.decode(toks[:24], n_logits=0)
+m.decode(toks[:prefill], n_logits=0)
 rows = []
-for k in range(1, 9):
-    m.truncate(24)
-    rows.append(np.array(m.decode(toks[24:24 + k], n_logits=k)))
+for k in ks:
+    assert prefill + k <= len(toks)
+    m.truncate(prefill)
+    rows.append(np.array(m.decode(toks[prefill:prefill + k], n_logits=k)))
 np.save(out, np.concatenate(rows))
 print(json.dumps(runtime.backend_info().to_dict()))
 """
 
 
+KS = (*range(1, 9), 17, 24)
+PREFILL = 33  # more rows than the small-batch path takes (GGML_SMALLBATCH_MAX_BATCH, 32)
+
+
 def _by_k(rows: np.ndarray) -> dict[int, np.ndarray]:
-    """The stacked rows of batches 1..8 -> {K: [K, vocab]}."""
-    ends = np.cumsum(range(1, 9))
-    return {k: rows[end - k : end] for k, end in zip(range(1, 9), ends, strict=True)}
+    """The stacked rows of the batches of KS -> {K: [K, vocab]}."""
+    ends = np.cumsum(KS)
+    return {k: rows[end - k : end] for k, end in zip(KS, ends, strict=True)}
 
 
 def _logits(path: Path, out: Path, kernels: str, extra_env: dict | None = None,
@@ -58,7 +65,8 @@ def _logits(path: Path, out: Path, kernels: str, extra_env: dict | None = None,
     env.pop("EDGESPEC_KERNELS", None)
     if kernels == "stock":
         env["EDGESPEC_KERNELS"] = "stock"
-    res = subprocess.run([sys.executable, "-c", CHILD, str(path), str(out), TEXT, "repack" if repack else "plain"],
+    res = subprocess.run([sys.executable, "-c", CHILD, str(path), str(out), TEXT, "repack" if repack else "plain",
+                          json.dumps([PREFILL, KS])],
                          cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -68,10 +76,10 @@ def _logits(path: Path, out: Path, kernels: str, extra_env: dict | None = None,
 @needs_kernels
 @pytest.mark.parametrize("name", ["gemma3-270m", pytest.param("qwen2.5-coder-1.5b", marks=pytest.mark.slow)])
 def test_small_batch_logits_match_the_unpatched_module(name, tmp_path):
-    """Batches of 1..8 rows after the same 24-token prefill. For 1-3 rows the unpatched module runs
+    """Batches of 1..8, 17 and 24 rows after the same 33-token prefill. For 1-3 rows the unpatched module runs
     one per-row kernel call per weight row and token (Q6_K vec_dot, the repacked Q4_K gemv), which
     the small-batch kernels reproduce for every row: the logits are equal bit for bit. From 4 rows
-    on it runs the 4-row Q4_K kernel (and tiled Q6_K at 8), whose float sums are ordered otherwise:
+    on it runs the 4-row Q4_K kernel (and tiled Q6_K at 8 and past 16), whose float sums are ordered otherwise:
     no token's probability moves by more than 0.15 (a near-tie's top token may swap). Gemma-3-270M's
     Q4_K_M holds Q6_K and Q4_K tensors; the real 1.5B target, when installed, 354 MB of Q6_K and
     757 MB of Q4_K."""
@@ -84,10 +92,10 @@ def test_small_batch_logits_match_the_unpatched_module(name, tmp_path):
     ref, ref_info = _logits(path, tmp_path / "stock.npy", "stock")
     off, _ = _logits(path, tmp_path / "off.npy", "smallbatch", {"GGML_CPU_SMALLBATCH": "0"})
     assert info["kernels"] == "smallbatch" and ref_info["kernels"] == "stock"
-    assert got.shape == ref.shape == (36, ref.shape[1])  # 1 + 2 + ... + 8 rows
+    assert got.shape == ref.shape == (sum(KS), ref.shape[1])
     assert float(np.max(np.abs(off - ref))) == 0.0  # the switch gives the unpatched arithmetic back
     a, b = _by_k(got), _by_k(ref)
-    for k in range(1, 9):
+    for k in KS:
         if k <= 3:
             assert float(np.max(np.abs(a[k] - b[k]))) == 0.0, f"K={k}: the per-row kernels' logits differ"
         else:
@@ -99,7 +107,8 @@ def test_small_batch_logits_match_the_unpatched_module(name, tmp_path):
 def test_q6_k_kernel_equals_vec_dot_for_every_batch_size(gemma_path, tmp_path):
     """With ggml's tiled K-quant path and weight repacking off in both, the unpatched module runs
     every K-quant mat-mul as one vec_dot per weight row and token, whatever the batch; the
-    small-batch Q6_K kernel, 1-8 tokens at a time, gives the same logits bit for bit (Gemma-3-270M's
+    small-batch Q6_K kernel, 1-8 tokens at a time (batches of 17 and 24 in calls of up to 8), gives the
+    same logits bit for bit (Gemma-3-270M's
     Q6_K ffn_down tensors are the ones it computes)."""
     tiled_off = {"GGML_CPU_TILED_MM": "0"}
     got, _ = _logits(gemma_path, tmp_path / "smallbatch.npy", "smallbatch", tiled_off, repack=False)

@@ -191,9 +191,132 @@ static inline __attribute__((always_inline)) void sb_q4_Kx8_q8_K(int n, float * 
     }
 }
 
+#if !SB_Q4_HIGH_X16
+// Without VNNI (AVX2 only: Zen 3, Haswell..Skylake client) a dpbusd is maddubs + madd + add, and
+// the regrouped quants of both sub-blocks (16 registers) do not fit AVX2's 16 registers beside the
+// accumulators. This variant leaves the interleaved layout as it is: a 32-byte load holds 8
+// consecutive bytes of four rows (one 64-bit lane each), so each activation row broadcasts its 8
+// matching bytes (vpbroadcastq) once for two maddubs (rows 0-3 and 4-7). The int16 pair sums of
+// maddubs are added in 16 bits over a sub-block's 32 weights (4 per lane, |sum| <= 4 * 2 * 15 * 128
+// < 2^15: exact) and multiplied by the row's scale with one madd per sub-block, where the kernel
+// above needs a madd per 4 weights and a 32-bit multiply per sub-block. The per-row int32 sums are
+// the same integers and the float steps are the same, so each row again equals
+// ggml_gemv_q4_K_8x8_q8_K bit for bit (native/smallbatch/bench). 1.4-1.5x the kernel above at 4-8
+// rows on Zen 3 (docs/kernels.md).
+//
+// One sub-block (2sb + h: the low nibbles for h = 0, the high ones for h = 1) of the eight weight rows
+// against nr activation rows (ya[r] + off: their 64 bytes of this sub-block pair). The sub-block's
+// 8 quant vectors stay in registers for all rows; each row broadcasts each 8 of its 32 activation
+// bytes over the four 64-bit lanes; int16 sums over the 32 weights, then times the rows' scales
+// into the int32 sums.
+static inline __attribute__((always_inline)) void sb_q4_Kx8_avx2_sub(const uint8_t * qs, const int8_t * const * ya, int off,
+                                                                     const int h, const int nr, const __m256i sc03,
+                                                                     const __m256i sc47, __m256i * isum03, __m256i * isum47) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m256i w03[4], w47[4];
+    for (int j = 0; j < 4; ++j) {  // bytes 8j..8j+7 of each row
+        __m256i lo = _mm256_loadu_si256((const __m256i *) (qs + 64 * j));       // rows 0-3
+        __m256i hi = _mm256_loadu_si256((const __m256i *) (qs + 64 * j + 32));  // rows 4-7
+        if (h) {
+            lo = _mm256_srli_epi16(lo, 4);
+            hi = _mm256_srli_epi16(hi, 4);
+        }
+        w03[j] = _mm256_and_si256(lo, m4);
+        w47[j] = _mm256_and_si256(hi, m4);
+    }
+    for (int r = 0; r < nr; ++r) {
+        const int8_t * a = ya[r] + off + 32 * h;
+        __m256i a03 = _mm256_setzero_si256(), a47 = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) {
+            // the row's 8 activation bytes in every 64-bit lane (vpbroadcastq from memory: measured faster
+            // on Zen 3 than one 32-byte load spread by vpermq, or vbroadcasti128 and vpshufd)
+            int64_t q;
+            memcpy(&q, a + 8 * j, sizeof(q));
+            const __m256i v = _mm256_set1_epi64x(q);
+            a03 = _mm256_add_epi16(a03, _mm256_maddubs_epi16(w03[j], v));
+            a47 = _mm256_add_epi16(a47, _mm256_maddubs_epi16(w47[j], v));
+            // keep each sum a chain in its register: GCC otherwise reassociates the sums and spills the products
+            __asm__("" : "+x"(a03), "+x"(a47));
+        }
+        isum03[r] = _mm256_add_epi32(isum03[r], _mm256_madd_epi16(a03, sc03));
+        isum47[r] = _mm256_add_epi32(isum47[r], _mm256_madd_epi16(a47, sc47));
+    }
+}
+
+static inline __attribute__((always_inline)) void sb_q4_Kx8_q8_K_avx2(int n, float * s, size_t bs, const void * vx,
+                                                                      const void * const * vy, const int nr, int nc) {
+    const int nb = n / QK_K;
+    // each row's 16-bit scale over its 64-bit lane: rows 0-3 from bytes 0-3, rows 4-7 from bytes 4-7
+    const __m128i sc_rows03 = _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m128i sc_rows47 = _mm_setr_epi8(4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7);
+
+    for (int x = 0; x < nc / 8; ++x) {
+        const sb_block_q4_Kx8 * w = (const sb_block_q4_Kx8 *) vx + (size_t) x * nb;
+        __m256 acc[GGML_SMALLBATCH_MAX_COLS];
+        __m256 acc_min[GGML_SMALLBATCH_MAX_COLS];
+        for (int r = 0; r < nr; ++r) {
+            acc[r] = _mm256_setzero_ps();
+            acc_min[r] = _mm256_setzero_ps();
+        }
+        for (int b = 0; b < nb; ++b) {
+            for (int l = 0; l < (int) sizeof(sb_block_q4_Kx8); l += 256) {  // 1,152 bytes
+                GGML_SMALLBATCH_PREFETCH_256((const char *) (w + b + SB_Q4_KX8_PREFETCH) + l);
+            }
+            const __m256 d    = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) w[b].d));
+            const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) w[b].dmin));
+            // isum03: rows 0-3, two int32 lanes each (0 0 1 1 2 2 3 3); isum47 the same for rows 4-7
+            __m256i isum03[GGML_SMALLBATCH_MAX_COLS];
+            __m256i isum47[GGML_SMALLBATCH_MAX_COLS];
+            __m256i imin[GGML_SMALLBATCH_MAX_COLS];
+            __m256i pair_sums[GGML_SMALLBATCH_MAX_COLS];  // lane sb: sums of sub-blocks 2sb, 2sb+1 (int16 each)
+            const int8_t * ya[GGML_SMALLBATCH_MAX_COLS];
+            for (int r = 0; r < nr; ++r) {
+                isum03[r] = _mm256_setzero_si256();
+                isum47[r] = _mm256_setzero_si256();
+                imin[r] = _mm256_setzero_si256();
+                const block_q8_K * y = (const block_q8_K *) vy[r] + b;
+                const __m256i bsums = _mm256_loadu_si256((const __m256i *) y->bsums);
+                pair_sums[r] = _mm256_castsi128_si256(_mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1)));
+                ya[r] = y->qs;
+            }
+            for (int sb = 0; sb < QK_K / 64; ++sb) {
+                const __m256i sm  = sb_scales_mins(w[b].scales + 24 * sb);
+                const __m128i sm0 = _mm256_castsi256_si128(sm);
+                const __m128i sm1 = _mm256_extracti128_si256(sm, 1);
+                const __m256i sc[2][2] = {
+                    { _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm0, sc_rows03)), _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm0, sc_rows47)) },
+                    { _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm1, sc_rows03)), _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm1, sc_rows47)) },
+                };
+                const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(_mm_shuffle_epi32(sm0, 0x4e), _mm_shuffle_epi32(sm1, 0x4e)));
+                const uint8_t * qs = w[b].qs + sb * 256;
+                                sb_q4_Kx8_avx2_sub(qs, ya, sb * 64, 0, nr, sc[0][0], sc[0][1], isum03, isum47);
+                sb_q4_Kx8_avx2_sub(qs, ya, sb * 64, 1, nr, sc[1][0], sc[1][1], isum03, isum47);
+                for (int r = 0; r < nr; ++r) {
+                    imin[r] = _mm256_add_epi32(imin[r], _mm256_madd_epi16(_mm256_permutevar8x32_epi32(pair_sums[r], _mm256_set1_epi32(sb)), mins));
+                }
+            }
+            for (int r = 0; r < nr; ++r) {
+                const __m256 yd = _mm256_set1_ps(((const block_q8_K *) vy[r] + b)->d);
+                // rows 0 1 4 5 | 2 3 6 7 after the pairwise add, then 0-7 in order
+                const __m256i isum = _mm256_permute4x64_epi64(_mm256_hadd_epi32(isum03[r], isum47[r]), 0xd8);
+                acc[r]     = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, yd), acc[r]);
+                acc_min[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin[r]), _mm256_mul_ps(dmin, yd), acc_min[r]);
+            }
+        }
+        for (int r = 0; r < nr; ++r) {
+            _mm256_storeu_ps(s + r * bs + x * 8, _mm256_sub_ps(acc[r], acc_min[r]));
+        }
+    }
+}
+#define SB_Q4_KX8_KERNEL sb_q4_Kx8_q8_K_avx2
+#else
+#define SB_Q4_KX8_KERNEL sb_q4_Kx8_q8_K
+#endif
+
 #define SB_Q4_KX8_NR(NR) \
     static void sb_q4_Kx8_q8_K_##NR(int n, float * s, size_t bs, const void * vx, const void * const * vy, int nc) { \
-        sb_q4_Kx8_q8_K(n, s, bs, vx, vy, NR, nc); \
+        SB_Q4_KX8_KERNEL(n, s, bs, vx, vy, NR, nc); \
     }
 SB_Q4_KX8_NR(1) SB_Q4_KX8_NR(2) SB_Q4_KX8_NR(3) SB_Q4_KX8_NR(4)
 SB_Q4_KX8_NR(5) SB_Q4_KX8_NR(6) SB_Q4_KX8_NR(7) SB_Q4_KX8_NR(8)

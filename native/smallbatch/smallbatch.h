@@ -20,7 +20,9 @@ extern "C" {
 #endif
 
 #define GGML_SMALLBATCH_MAX_COLS 8    // activation rows one kernel call takes
-#define GGML_SMALLBATCH_MAX_BATCH 16  // activation rows the small-batch path takes, in calls of up to MAX_COLS
+// activation rows the small-batch path takes, in calls of up to MAX_COLS: past 16 too, where ggml's
+// tiled and 4-row kernels made a pass over 17 rows cost far more than one over 16 (docs/kernels.md)
+#define GGML_SMALLBATCH_MAX_BATCH 32
 #define GGML_SMALLBATCH_MAX_WROWS 4   // weight rows one per-row-layout kernel call takes
 
 // s[w * bs + c] = dot(weight row w, vy[c]) for w < nw (1 <= nw <= GGML_SMALLBATCH_MAX_WROWS) and
