@@ -116,7 +116,10 @@ def runtime_info() -> dict:
 class Child:
     def __init__(self, model: str, kernels: str, args: argparse.Namespace, e2e: bool = False) -> None:
         env = {**os.environ}
-        if kernels == "stock":
+        if kernels == "stock" and args.baseline:  # another build of the small-batch kernels
+            env.pop("EDGESPEC_KERNELS", None)
+            env["EDGESPEC_KERNEL_MODULES"] = args.baseline
+        elif kernels == "stock":
             env["EDGESPEC_KERNELS"] = "stock"
         else:
             env.pop("EDGESPEC_KERNELS", None)
@@ -175,7 +178,8 @@ def measure(model: str, args: argparse.Namespace) -> None:
     print(f"\n### {model} ({variant} CPU kernels, {args.threads or len(os.sched_getaffinity(0))} threads, "
           f"flash attention {args.flash_attn}, {args.at} tokens of context, medians of {args.rounds} "
           "interleaved rounds)\n")
-    print("| K | stock T(K) ms | stock T(K)/T(1) | small-batch T(K) ms | small-batch T(K)/T(1) | small-batch / stock |")
+    base = _base(args)
+    print(f"| K | {base} T(K) ms | {base} T(K)/T(1) | small-batch T(K) ms | small-batch T(K)/T(1) | small-batch / {base} |")
     print("|---|---|---|---|---|---|")
     s1, p1 = med["stock"][rows[0]], med["smallbatch"][rows[0]]
     for k in rows:
@@ -183,7 +187,7 @@ def measure(model: str, args: argparse.Namespace) -> None:
         print(f"| {k} | {1000 * s:.1f} | {s / s1:.2f} | {1000 * p:.1f} | {p / p1:.2f} | {p / s:.2f} |")
     for name in children:
         t1 = times[name][rows[0]]
-        print(f"\n{name}: T({rows[0]}) spread over rounds {min(t1) * 1000:.1f}-{max(t1) * 1000:.1f} ms "
+        print(f"\n{base if name == 'stock' else name}: T({rows[0]}) spread over rounds {min(t1) * 1000:.1f}-{max(t1) * 1000:.1f} ms "
               f"(max/min {max(t1) / min(t1):.2f})", end="")
     print()
 
@@ -211,8 +215,9 @@ def measure_e2e(model: str, args: argparse.Namespace) -> None:
               "open-ended": [p for p in prompts if p.category != "code_edit"]}
     print(f"\n### {model}: generation with each kernel set ({children['stock'].variant} CPU kernels, greedy, gamma "
           f"auto, {args.max_tokens} tokens, medians of {args.repeats} interleaved repeats)\n")
+    base = _base(args)
     print("| prompts | drafter | kernels | tok/s | speedup over plain | acceptance | draft lengths chosen (length: steps) "
-          "| small-batch / stock |")
+          f"| small-batch / {base} |")
     print("|---|---|---|---|---|---|---|---|")
     for gname, ps in groups.items():
         for c in configs:
@@ -231,10 +236,15 @@ def measure_e2e(model: str, args: argparse.Namespace) -> None:
                 acc = f"{accepted / drafted:.2f}" if drafted else "–"
                 lens = ", ".join(f"{g}: {n}" for g, n in sorted(hist.items(), key=lambda t: int(t[0]))) or "–"
                 ratio = f"{rate[k] / rate_of(res, 'stock', c, ps):.2f}x" if k == "smallbatch" else ""
-                print(f"| {gname} ({len(ps)}) | {c} | {k} | {rate[k]:.1f} | {rate[k] / plain:.2f}x | {acc} | {lens} | {ratio} |")
+                print(f"| {gname} ({len(ps)}) | {c} | {base if k == 'stock' else k} | {rate[k]:.1f} | {rate[k] / plain:.2f}x | {acc} | {lens} | {ratio} |")
     same = sum(res[("smallbatch", c, p.id)][0]["tokens"] == res[("stock", c, p.id)][0]["tokens"]
                for p in prompts for c in configs)
     print(f"\nsame tokens from both kernel sets: {same} of {len(prompts) * len(configs)} generations")
+
+
+def _base(args: argparse.Namespace) -> str:
+    """What the second kernel set is called in the tables: the unpatched modules, or --baseline's."""
+    return "baseline" if args.baseline else "stock"
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -257,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="qwen2.5-coder-1.5b,gemma3-270m",
                     help="comma-separated model names or GGUF paths")
     ap.add_argument("--rows", default="1-16", help="row counts to time, e.g. 1-16 or 1,2,4,8")
+    ap.add_argument("--baseline", default=None, metavar="DIR",
+                    help="compare with the small-batch modules in DIR (an earlier build) instead of the unpatched ones")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--flash-attn", choices=["auto", "on", "off"], default="off")
