@@ -276,6 +276,8 @@ class Model:
     device: str = backend.CPU_DEVICE  # where the layers run: 'cpu', 'Vulkan0', 'CUDA0', ... ('rpc': rpc_servers)
     device_description: str = ""
     layers_on_device: str = "0"  # llama.cpp's count of layers offloaded to `device`, as "N/M"
+    auto_threads: bool = False  # the thread count follows the free cores (runtime/threads.py)
+    threads_now: int = 0  # CPU threads of the last pass
 
     def __init__(
         self,

@@ -303,7 +303,7 @@ class RemoteModel(Model):
         self.n_embd = llama.llama_model_n_embd(self._model)
         # This process only looks up token embeddings (the layers run on the servers): one thread,
         # which spins on no core that the servers or the drafter could use.
-        self.n_threads = 1
+        self.n_threads = self.threads_now = 1
         self.flash_attn = flash_attn
         self.repack = True  # the servers store weights in their own layout
         self._cached: list[int] = []
