@@ -54,6 +54,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import jsonschema
+
 from edgespec.core.stats import speedup
 from edgespec.runtime import llamacpp
 from edgespec.runtime.errors import EdgeSpecError
@@ -162,50 +164,9 @@ def predicted(pr: Prompt) -> str | None:
     return m.group(0) if m else None
 
 
-def _validator():  # noqa: ANN202
-    """jsonschema's check (errors as a list) when it is installed, else a check of the schemas this
-    suite uses: types, enum, const, required, properties, additionalProperties, items."""
-    try:
-        import jsonschema
-    except ImportError:
-        return _fallback_errors
-    return lambda value, schema: [e.message for e in jsonschema.Draft202012Validator(schema).iter_errors(value)]
-
-
-TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
-
-
-def _fallback_errors(value, schema: dict, path: str = "") -> list[str]:  # noqa: ANN001
-    errs = []
-    t = schema.get("type")
-    types = t if isinstance(t, list) else [t] if t else []
-    def is_type(v, name):  # noqa: ANN001, ANN202, E306
-        if name == "integer":
-            return isinstance(v, int) and not isinstance(v, bool)
-        if name == "number":
-            return isinstance(v, (int, float)) and not isinstance(v, bool)
-        return isinstance(v, TYPES[name])
-    if types and not any(is_type(value, n) for n in types):
-        return [f"{path or '/'}: not of type {t}"]
-    if "enum" in schema and value not in schema["enum"]:
-        errs.append(f"{path or '/'}: not one of {schema['enum']}")
-    if "const" in schema and value != schema["const"]:
-        errs.append(f"{path or '/'}: not {schema['const']!r}")
-    if isinstance(value, dict):
-        props = schema.get("properties", {})
-        errs += [f"{path}/{k}: missing" for k in schema.get("required", ()) if k not in value]
-        for k, v in value.items():
-            if k in props:
-                errs += _fallback_errors(v, props[k], f"{path}/{k}")
-            elif schema.get("additionalProperties") is False:
-                errs.append(f"{path}/{k}: not allowed")
-    if isinstance(value, list) and isinstance(schema.get("items"), dict):
-        for i, v in enumerate(value):
-            errs += _fallback_errors(v, schema["items"], f"{path}/{i}")
-    return errs
-
-
-SCHEMA_ERRORS = _validator()
+def schema_errors(value, schema: dict) -> list[str]:  # noqa: ANN001 - a JSON value
+    """What makes `value` invalid under `schema` (jsonschema's messages; empty when it is valid)."""
+    return [e.message for e in jsonschema.Draft202012Validator(schema).iter_errors(value)]
 
 
 def valid(pr: Prompt, text: str, calls: list[dict]) -> bool | None:
@@ -214,7 +175,7 @@ def valid(pr: Prompt, text: str, calls: list[dict]) -> bool | None:
     parameters. None for a request without a constraint."""
     if pr.schema is not None:
         try:
-            return not SCHEMA_ERRORS(json.loads(text), pr.schema)
+            return not schema_errors(json.loads(text), pr.schema)
         except ValueError:
             return False
     if pr.tools:
@@ -228,7 +189,7 @@ def valid(pr: Prompt, text: str, calls: list[dict]) -> bool | None:
                 args = json.loads(c["arguments"])
             except ValueError:
                 return False
-            if SCHEMA_ERRORS(args, fns[c["name"]]):
+            if schema_errors(args, fns[c["name"]]):
                 return False
         return True
     return None
