@@ -299,10 +299,10 @@ class Model:
         self._load_weights(llama, p, repack, devices, device, progress)
         # no thread count given: every decode on the CPU uses the cores other processes leave free
         # (runtime/threads.py); exact mode keeps one count, as its cost profile was proved with it
-        self.auto_threads = n_threads is None and _mode != "exact" and not devices and self.device == backend.CPU_DEVICE
+        on_cpu = not devices and self.device == backend.CPU_DEVICE
+        self.auto_threads = n_threads is None and _mode != "exact" and on_cpu
         n_threads = n_threads or max(1, len(os.sched_getaffinity(0)))
-        flash_attn = resolve_flash_attn(flash_attn, on_cpu=not devices and self.device == backend.CPU_DEVICE,
-                                        software_gpu=backend.is_software(self.device_description))
+        flash_attn = resolve_flash_attn(flash_attn, on_cpu=on_cpu, software_gpu=backend.is_software(self.device_description))
         self._create_context(llama, p, n_ctx, n_batch, n_threads, flash_attn)
         self.n_ctx = llama.llama_n_ctx(self._ctx)
         # llama.cpp may shrink the batch (never above the requested context); decode must not exceed it.
