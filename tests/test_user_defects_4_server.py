@@ -390,6 +390,38 @@ def test_a_waiting_race_column_shows_its_label_and_an_off_one_says_off():
     assert "my n-gram" in htmls[2] and "tok/s" in htmls[2] and "off" in htmls[1]
 
 
+def test_a_generation_cleared_while_it_runs_ends_on_an_empty_conversation(smollm2_path):
+    """Clear stops the running reply, and that reply's own last update is the empty conversation:
+    an update it sent just before may reach the browser after Clear's, and must not be the last."""
+    import gradio as gr
+
+    from edgespec.apps.ui import Defaults
+    from edgespec.apps.ui.chat import _handlers
+    from edgespec.apps.ui.context import AppContext
+    from edgespec.models.loader import RuntimeOptions
+    from edgespec.service.pool import ModelPool
+
+    pool = ModelPool(RuntimeOptions(n_ctx=512))
+    ctx = AppContext(pool, Defaults(target=str(smollm2_path), draft="none", max_tokens=400))
+    send_fn, _, _, clear_fn = _handlers(ctx)
+    request = gr.Request(session_hash="s1")
+    try:
+        outs = send_fn("Tell me a long story about a dragon and a knight.", [], "", "none", "0", 400, 0.0, 0, 1.0,
+                       0.0, 0, True, str(smollm2_path), "", "", request)
+        for out in outs:
+            if out[2] and out[2][-1]["reply"]:
+                break  # text is streaming
+        assert out[2] and out[2][-1]["reply"], "no text before the end"
+        assert clear_fn(request)[:2] == ([], [])
+        rest = list(outs)
+        assert rest, "the cleared reply must say its last word"
+        assert rest[-1][1:3] == ([], []), rest[-1][1:3]  # chatbot and turns empty
+        assert rest[-1][0] == ""  # the message does not come back into the box either
+        assert pool.active() == 0
+    finally:
+        pool.close()
+
+
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 

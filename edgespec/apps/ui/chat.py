@@ -84,13 +84,14 @@ def build_chat_tab(ctx: AppContext, target: gr.Dropdown, draft_model: gr.Dropdow
                 w.highlight, target, draft_model, w.schema]
     outs = [w.chatbot, w.turns, w.reply_data, w.live, w.steps_plot, w.speed_plot, w.error]
     gen_opts = dict(concurrency_limit=8, concurrency_id="generate", show_progress="hidden")
-    sent = w.msg.submit(send_fn, [w.msg, w.turns, *settings], [w.msg, *outs], api_visibility="private", **gen_opts)
-    clicked = w.send.click(send_fn, [w.msg, w.turns, *settings], [w.msg, *outs], api_name="chat", **gen_opts)
-    regenerated = w.regen.click(regen_fn, [w.turns, *settings], outs, api_name="regenerate", **gen_opts)
+    w.msg.submit(send_fn, [w.msg, w.turns, *settings], [w.msg, *outs], api_visibility="private", **gen_opts)
+    w.send.click(send_fn, [w.msg, w.turns, *settings], [w.msg, *outs], api_name="chat", **gen_opts)
+    w.regen.click(regen_fn, [w.turns, *settings], outs, api_name="regenerate", **gen_opts)
     w.stop.click(stop_fn, None, w.error, api_name="stop", concurrency_limit=None, queue=False)
-    # Clear ends the running or waiting generation too: else its next update would bring the
-    # conversation back (Stop, Regenerate, Clear within a second)
-    w.clear.click(clear_fn, None, outs, api_name="clear", queue=False, cancels=[sent, clicked, regenerated])
+    # Clear stops the running generation, which then ends on an empty conversation itself: its
+    # last update may otherwise land after Clear's and bring the conversation back (Stop,
+    # Regenerate, Clear within a second). Gradio's `cancels` would close it before that last word.
+    w.clear.click(clear_fn, None, outs, api_name="clear", queue=False)
     w.highlight.change(chat_messages, [w.turns, w.highlight], w.chatbot, api_visibility="private", queue=False)
     target.change(lambda t: _target_line((t or d.target).strip()), target, w.target_line, api_visibility="private",
                   queue=False)
@@ -194,6 +195,8 @@ def _handlers(ctx: AppContext) -> tuple[Callable[..., Iterator[tuple]], Callable
         temperature_: float, top_k_: float, top_p_: float, min_p_: float, seed_: float,
         highlight_: bool, target_: str, draft_: str, schema_: str, request: gr.Request,
     ) -> Iterator[tuple]:
+        session = request.session_hash or ""
+        cleared_before = ctx.clears(session, "chat")
         turn = turns_[-1]
         tr = Tracker()
         try:
@@ -205,10 +208,12 @@ def _handlers(ctx: AppContext) -> tuple[Callable[..., Iterator[tuple]], Callable
             yield _outputs(turns_, tr, highlight_)
             return
         target = (target_ or d.target).strip()
-        stop_ev = ctx.new_stop(request.session_hash or "", "chat")
+        stop_ev = ctx.new_stop(session, "chat")
         # the browser session's own model session when idle: its KV cache holds this conversation
         plotted = time.perf_counter()
         for tr in stream(ctx.pool, target, req, stop_ev, every_s=TEXT_EVERY_S, owner=request.session_hash):
+            if ctx.clears(session, "chat") != cleared_before:
+                break
             turn["segments"] = list(tr.segments)
             turn["reply"] = tr.text
             turn["stats"] = render.stats_line(tr)
@@ -220,6 +225,11 @@ def _handlers(ctx: AppContext) -> tuple[Callable[..., Iterator[tuple]], Callable
             if plots:
                 plotted = time.perf_counter()
             yield _outputs(turns_, tr, highlight_, plots=plots, data=False)
+        if ctx.clears(session, "chat") != cleared_before:
+            # Clear was pressed while this ran: an update of ours may have been applied after
+            # Clear's, so the last word is an empty conversation again.
+            yield _cleared()
+            return
         yield _outputs(turns_, tr, highlight_)  # everything in its final state
 
     def send_fn(
@@ -233,9 +243,10 @@ def _handlers(ctx: AppContext) -> tuple[Callable[..., Iterator[tuple]], Callable
                    "error: type a message first")
             return
         before = len(turns_)
+        cleared_before = ctx.clears(request.session_hash or "", "chat")
         turns_ = turns_ + [{"user": message, "reply": "", "segments": [], "stats": ""}]
         for out in run(turns_, *settings_, highlight_, target_, draft_, schema_, request):
-            failed = len(out[1]) == before
+            failed = len(out[1]) == before and ctx.clears(request.session_hash or "", "chat") == cleared_before
             yield (message if failed else "", *out)  # a failed message goes back into the box
 
     def regen_fn(
@@ -256,10 +267,15 @@ def _handlers(ctx: AppContext) -> tuple[Callable[..., Iterator[tuple]], Callable
         return ""
 
     def clear_fn(request: gr.Request) -> tuple:
-        ctx.stop(request.session_hash or "", "chat")
-        return [], [], None, "No steps yet.", None, None, ""
+        ctx.clear(request.session_hash or "", "chat")
+        return _cleared()
 
     return send_fn, regen_fn, stop_fn, clear_fn
+
+
+def _cleared() -> tuple:
+    """The chat tab's outputs for an empty conversation."""
+    return [], [], None, "No steps yet.", None, None, ""
 
 
 def _outputs(turns_: list[dict], tr: Tracker, highlight_: bool, plots: bool = True, data: bool = True) -> tuple:

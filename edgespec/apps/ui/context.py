@@ -80,6 +80,7 @@ class AppContext:
     defaults: Defaults
     login: KeyLogin | None = None  # set where the app is served with a login (--api-key)
     _stops: dict[tuple[str, str], threading.Event] = field(default_factory=dict)
+    _clears: dict[tuple[str, str], int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -103,6 +104,20 @@ class AppContext:
         with self._lock:
             for key in [k for k in self._stops if k[0] == session]:
                 self._stops.pop(key).set()
+            for key in [k for k in self._clears if k[0] == session]:
+                del self._clears[key]
+
+    def clear(self, session: str, kind: str) -> None:
+        """Stop the session's `kind` generation and mark everything started before as cleared: a
+        generation that sees `clears` change must not bring its conversation back."""
+        with self._lock:
+            self._clears[(session, kind)] = self._clears.get((session, kind), 0) + 1
+        self.stop(session, kind)
+
+    def clears(self, session: str, kind: str) -> int:
+        """How many times the session's `kind` conversation was cleared (see clear)."""
+        with self._lock:
+            return self._clears.get((session, kind), 0)
 
     def stop(self, session: str, kind: str) -> bool:
         """Stop the session's running generation of that kind; False if none was registered."""
