@@ -138,7 +138,8 @@ def replay(row: dict, policy: GammaPolicy, costs: CostModel, d: NgramDrafter,
         ctx += new
         stats.record_step(k, n_acc, len(new), len(new) if done + len(new) == len(out) else None, d.name)
         d.commit(ctx, n_acc)
-    return {"speedup": len(out) * costs.seconds(1) / seconds, "calls": stats.target_calls,
+    # an empty answer (end of generation at once) took no step: plain and speculative alike
+    return {"speedup": len(out) * costs.seconds(1) / seconds if seconds else 1.0, "calls": stats.target_calls,
             "drafted_hist": dict(stats.drafted_hist)}
 
 

@@ -178,6 +178,9 @@ class AutoGamma:
         # size its match had grown to (MATCH_PRIOR's comment), from the measured prior.
         self._sizes: dict[SizeClass, Evidence] = {}
         self._plans: dict[PlanKey, tuple[int, float]] = {}  # -> best_gamma, until observe
+        # decline's best_gamma by its arguments: the reply's policy is read after every step, and
+        # on the steps that do not draft nothing it depends on changes (issue 44, item 39)
+        self._decline_plan: tuple[tuple, tuple[int, float]] | None = None
         self._state = 0  # 1 if the last draft was accepted in full
         self._key = Context("state", last_full=0)
         self._since_draft = 0
@@ -356,17 +359,20 @@ class AutoGamma:
         alpha = self.alpha_overall if measured else 0.95
         # what resuming drafting would have cost on the plain steps, on average (a draft model's catch-up)
         catch_up = self._plain_catch_up / self._steps_plain if self._steps_plain else 0.0
-        gamma, speedup = self.costs.best_gamma(alpha, self._cap(), catch_up=catch_up, drafting=True)
+        args = (alpha, self._cap(), catch_up)
+        if self._decline_plan is None or self._decline_plan[0] != args:
+            self._decline_plan = (args, self.costs.best_gamma(*args[:2], catch_up=catch_up, drafting=True))
+        gamma, speedup = self._decline_plan[1]
         return {"plain_steps": self._steps_plain, "steps": self._steps, "nothing_to_draft": self._steps_nothing,
                 "alpha": round(alpha, 3), "alpha_measured": measured, "tested": self._tested,
                 "c": round(self.costs.c, 3), "catch_up": round(catch_up, 3), "t_ratio_2": round(self._t_ratio(2), 3),
                 "best_gamma": gamma, "best_speedup": round(speedup, 3), "needs": self.margin}
 
-    def fallback_note(self) -> str | None:
+    def fallback_note(self, d: dict | None = None) -> str | None:
         """The decline in one line, e.g. 'gamma auto: plain decoding on 60 of 64 steps: alpha 0.91
         (measured over 33 tokens), draft cost c 0.56 of a target pass: best 0.97x here (gamma 3),
         needs 1.10x; declined'."""
-        d = self.decline()
+        d = d or self.decline()
         if d is None:
             return None
         head = f"gamma auto: plain decoding on {d['plain_steps']} of {d['steps']} steps"
@@ -401,11 +407,12 @@ class AutoGamma:
         return float(rows) if self.costs is None else self.costs.t_ratio(rows)
 
     def snapshot(self) -> dict:
+        decline = self.decline()
         return {
             "steps": self._steps,
             "plain_steps": self._steps_plain,
-            "fallback": self.fallback_note(),
-            "decline": self.decline(),
+            "fallback": self.fallback_note(decline),
+            "decline": decline,
             "alpha": self.alpha_overall,
             "c": None if self.costs is None else self.costs.c,
             # what drafting cost by the plans (c per token and the draft's catch-up), beside
