@@ -14,7 +14,7 @@ from edgespec.service.session import TRANSCRIPT_STOP, Reply, Request, Session, f
 
 def step(pieces: list[str], first: int) -> list[Shown]:
     """One step's tokens, numbered on from `first`, with the given pieces."""
-    return [(first + i, "target", p, "") for i, p in enumerate(pieces)]
+    return [(first + i, "target", p, "", None) for i, p in enumerate(pieces)]
 
 
 def feed(stops: list[str], steps: list[list[str]]) -> tuple[str, bool, list[str]]:
@@ -24,7 +24,7 @@ def feed(stops: list[str], steps: list[list[str]]) -> tuple[str, bool, list[str]
     for i, pieces in enumerate(steps):
         out, end = f.push(step(pieces, n), done=i == len(steps) - 1)
         n += len(pieces)
-        shown.append("".join(p for _, _, p, _ in out))
+        shown.append("".join(sh[2] for sh in out))
         if end is not None:
             return f.text, True, shown
     return f.text, False, shown
@@ -73,7 +73,7 @@ def test_stop_string_inside_a_token_keeps_the_text_before_it(stops, steps, text,
         n += len(pieces_)
         out += released
     assert f.text == text and f.released == len(pieces)
-    assert [p for _, _, p, _ in out] == pieces and [t for t, _, _, _ in out] == list(range(len(pieces)))
+    assert [sh[2] for sh in out] == pieces and [sh[0] for sh in out] == list(range(len(pieces)))
     assert end == step_end  # tokens of the last step up to the one that completed the stop string
 
 

@@ -51,6 +51,8 @@ DRAFT, TARGET, BONUS = "draft", "target", "bonus"
 # and the UI read them from here.
 DEFAULT_MAX_TOKENS = 256
 VERIFIERS = ("rejection", "match")  # the first is the default (GenerationConfig.verifier)
+TOP_LOGPROBS_MAX = 20  # OpenAI's limit on top_logprobs
+LOGPROB_FLOOR = -9999.0  # what OpenAI reports for a token that cannot occur
 
 
 class GammaPolicy(Protocol):
@@ -116,6 +118,9 @@ class GenerationConfig:
     reuse_prefix: bool = True
     # The generation ends before any of these strings (finish reason 'stop'; `StopStrings`).
     stop_strings: tuple[str, ...] = ()
+    # Log-probabilities of each token and of this many most likely alternatives (0-20; None: off):
+    # from the target row that scored the token (`token_logprobs`).
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.verifier not in VERIFIERS:
@@ -124,6 +129,8 @@ class GenerationConfig:
             raise EdgeSpecError(f"max tokens must be >= 1, got {self.max_tokens}")
         if any(not s for s in self.stop_strings):
             raise EdgeSpecError("stop strings must not be empty")
+        if self.logprobs is not None and not 0 <= self.logprobs <= TOP_LOGPROBS_MAX:
+            raise EdgeSpecError(f"top logprobs must be 0 to {TOP_LOGPROBS_MAX}, got {self.logprobs}")
 
 
 @dataclass
@@ -151,6 +158,8 @@ class StepEvent:
     # on the last event: 'eog' | 'length' | 'stop' | 'grammar' (complete) | 'context' | 'stopped'
     finish_reason: str | None = None
     source: str = ""  # who proposed this step's draft (as drafted_by[i] names it); '' when none was drafted
+    # aligned with tokens when GenerationConfig.logprobs asked for them (`token_logprobs`), else None each
+    logprobs: list[dict | None] = field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -161,7 +170,8 @@ class StepEvent:
         return self.finish_reason is not None
 
 
-Shown = tuple[int, str, str, str]  # one token as a generation shows it: (id, source, piece, drafter)
+# one token as a generation shows it: (id, source, piece, drafter, logprobs or None)
+Shown = tuple[int, str, str, str, "dict | None"]
 
 
 class StopStrings:
@@ -186,15 +196,15 @@ class StopStrings:
             return tokens, None
         before = len(self._held)
         self._held.extend(tokens)
-        window = self.text + "".join(p for _, _, p, _ in self._held)
+        window = self.text + "".join(sh[2] for sh in self._held)
         first = max(0, len(self.text) - self.longest)
         hits = [(h, h + len(s)) for s in self.stops if (h := window.find(s, first)) >= 0]
         if hits:
             cut, stop_end = min(hits)  # the earliest stop string (the shorter one of two at one place)
             out, end, last = [], len(self.text), 0
-            for i, (tok, src, piece, drafted_by) in enumerate(self._held):
+            for i, (tok, src, piece, drafted_by, lp) in enumerate(self._held):
                 if end < cut:  # the token's text starts before the stop string: keep that part
-                    out.append((tok, src, piece[: cut - end], drafted_by))
+                    out.append((tok, src, piece[: cut - end], drafted_by, lp))
                 end += len(piece)
                 if end >= stop_end:
                     last = i  # the token that completed the stop string
@@ -228,7 +238,7 @@ class StopStrings:
         return len(self._held)
 
     def _release(self, out: list[Shown]) -> None:
-        self.text += "".join(p for _, _, p, _ in out)
+        self.text += "".join(sh[2] for sh in out)
         self.released += len(out)
 
 
@@ -302,7 +312,8 @@ class Engine:
             if end is not None:
                 stats.wall_s = time.perf_counter() - t0
                 shown, _ = stops.push([], done=True)
-                yield StepEvent(*_columns(shown), 0, 0, 0, stats, end)
+                *cols, lps = _columns(shown)
+                yield StepEvent(*cols, 0, 0, 0, stats, end, logprobs=lps)
                 return
             remaining = cfg.max_tokens - stats.generated
             limit = min(remaining - 1, room) if cap is None else min(remaining - 1, room, cap)
@@ -375,14 +386,17 @@ class Engine:
         pieces = [stream.push(t) for t in new]
         if finish is not None and pieces:
             pieces[-1] += stream.flush()
-        shown, end = stops.push(list(zip(new, sources, pieces, drafted_by, strict=True)), finish is not None)
+        lps = ([None] * len(new) if cfg.logprobs is None
+               else token_logprobs(self.target, s.logits[: len(new)], new, cfg.logprobs))
+        shown, end = stops.push(list(zip(new, sources, pieces, drafted_by, lps, strict=True)), finish is not None)
         if end is not None:  # a stop string ends the answer where it begins; the step counts to its end
             finish, answer = "stop", stops.released - stats.generated
         else:
             end = None if finish is None else len(new) + (finish == "eog")
             answer = len(new)
         stats.record_step(k, n_acc, answer, end, s.draft.provenance(self.drafter_name))
-        return StepEvent(*_columns(shown), s.gamma, k, n_acc, stats, finish, source), len(new)
+        *cols, lps = _columns(shown)
+        return StepEvent(*cols, s.gamma, k, n_acc, stats, finish, source, logprobs=lps), len(new)
 
     def step(self, context: list[int], limit: int, cfg: GenerationConfig, noise: Noise) -> Step:
         """One step of Algorithm 1 from `context` (prompt + committed tokens; the target's cache
@@ -456,10 +470,38 @@ def propose_draft(drafter: Drafter, policy: GammaPolicy, context: list[int], lim
     return gamma, draft
 
 
-def _columns(shown: list[Shown]) -> tuple[list[int], list[str], list[str], list[str]]:
-    """Shown tokens as StepEvent's aligned lists: tokens, sources, pieces, drafted_by."""
+def _columns(shown: list[Shown]) -> tuple[list[int], list[str], list[str], list[str], list[dict | None]]:
+    """Shown tokens as StepEvent's aligned lists: tokens, sources, pieces, drafted_by, logprobs."""
     if not shown:
-        return [], [], [], []
-    tokens, sources, pieces, drafted_by = zip(*shown, strict=True)
-    return list(tokens), list(sources), list(pieces), list(drafted_by)
+        return [], [], [], [], []
+    tokens, sources, pieces, drafted_by, lps = zip(*shown, strict=True)
+    return list(tokens), list(sources), list(pieces), list(drafted_by), list(lps)
+
+
+def token_logprobs(target: Model, rows: np.ndarray, tokens: Sequence[int], top: int) -> list[dict]:
+    """Each token's log-probability and its `top` most likely alternatives, from the target's row
+    that scored it (rows[i] scores tokens[i]; with penalties and a grammar's mask applied, before
+    temperature and truncation: the model's own distribution, as OpenAI reports it). A drafted
+    token gets the same figure plain decoding would give it: its row is the target's, whoever
+    proposed it. Entries in OpenAI's shape: {"token", "logprob", "bytes", "top_logprobs"}; a
+    token the mask forbids reads LOGPROB_FLOOR (OpenAI's -9999.0) rather than -inf."""
+    out = []
+    for row, tok in zip(rows, tokens, strict=True):
+        x = row.astype(np.float64)
+        m = float(np.max(x))
+        lp = x - (m + np.log(np.sum(np.exp(x - m))))
+        entry = _logprob_entry(target, int(tok), lp[tok])
+        alts = []
+        if top:
+            idx = np.argpartition(-lp, top - 1)[:top]
+            alts = [_logprob_entry(target, int(i), lp[i]) for i in idx[np.argsort(-lp[idx], kind="stable")]]
+        entry["top_logprobs"] = alts
+        out.append(entry)
+    return out
+
+
+def _logprob_entry(target: Model, token: int, logprob: float) -> dict:
+    raw = target.token_bytes(token)
+    return {"token": raw.decode("utf-8", "replace"), "logprob": max(float(logprob), LOGPROB_FLOOR),
+            "bytes": list(raw)}
 

@@ -144,6 +144,9 @@ class Request:
     # The text the answer is expected to be (OpenAI's predicted outputs): drafted from first where
     # the answer follows it (`PredictionDrafter`).
     prediction: str | None = None
+    # Each answer token's log-probability and this many alternatives (0-20; None: not asked), from the
+    # target's rows (engine.token_logprobs): Reply.logprobs
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if sum(x is not None for x in (self.text, self.messages, self.tokens)) != 1:
@@ -182,7 +185,7 @@ class Request:
         (those of its framing, Framed.stop)."""
         return GenerationConfig(max_tokens=self.max_tokens, sampling=self.sampling, verifier=self.verifier,
                                 reuse_prefix=self.reuse_prefix, stop_at_eog=self.stop_at_eog,
-                                stop_strings=self.stop + stop)
+                                stop_strings=self.stop + stop, logprobs=self.logprobs)
 
 
 def with_tool_grammar(model: Model, req: Request) -> Request:
@@ -281,6 +284,7 @@ class Reply:
     sources: list[str] = field(default_factory=list)  # per token: 'draft' | 'target' | 'bonus'
     pieces: list[str] = field(default_factory=list)  # per token: the text it completed
     drafted_by: list[str] = field(default_factory=list)  # per token: drafter of a 'draft' token, else ''
+    logprobs: list[dict] = field(default_factory=list)  # per token when Request.logprobs asked (StepEvent.logprobs)
     finish_reason: str | None = None  # 'eog' | 'length' | 'context' | 'stop' | 'stopped' | 'interrupted'
     stats: Stats = field(default_factory=Stats)
     framing: str = ""
@@ -296,7 +300,9 @@ class Reply:
     threads_max: int = 0
 
     def add(self, tokens: Sequence[int], sources: Sequence[str], pieces: Sequence[str], drafted_by: Sequence[str],
-            stats: Stats, finish: str | None) -> None:
+            stats: Stats, finish: str | None, logprobs: Sequence[dict | None] = ()) -> None:
+        if any(lp is not None for lp in logprobs):
+            self.logprobs.extend(logprobs)
         self.tokens.extend(tokens)
         self.sources.extend(sources)
         self.pieces.extend(pieces)
@@ -311,7 +317,7 @@ class Reply:
         """Run a generation to the end and fold its events (engine-level use, tests)."""
         r = cls()
         for ev in events:
-            r.add(ev.tokens, ev.sources, ev.pieces, ev.drafted_by, ev.stats, ev.finish_reason)
+            r.add(ev.tokens, ev.sources, ev.pieces, ev.drafted_by, ev.stats, ev.finish_reason, ev.logprobs)
         return r
 
     # Speedups: both from the one cost model.
@@ -489,7 +495,7 @@ class Session:
         snapped = -math.inf
         try:
             for ev in engine.generate(framed.tokens, req.config(framed.stop), stop):
-                reply.add(ev.tokens, ev.sources, ev.pieces, ev.drafted_by, ev.stats, ev.finish_reason)
+                reply.add(ev.tokens, ev.sources, ev.pieces, ev.drafted_by, ev.stats, ev.finish_reason, ev.logprobs)
                 reply.threads, reply.threads_max = self.target.threads_now, self.target.n_threads
                 now = time.perf_counter()
                 if engine.drafter is not None and (ev.finish_reason is not None or now - snapped >= POLICY_EVERY_S):

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from edgespec.core import drafters
 from edgespec.core.drafters.prediction import PREDICTION
+from edgespec.core.engine import TOP_LOGPROBS_MAX
 from edgespec.core.sampling import SamplingParams
 from edgespec.runtime.errors import EdgeSpecError, one_line
 from edgespec.service import tools as tooling
@@ -66,7 +67,8 @@ class Body(BaseModel):
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int = Field(1, ge=1)
-    logprobs: bool | int | None = None
+    logprobs: bool | int | None = None  # chat: true/false; completions: how many alternatives (0-20)
+    top_logprobs: int | None = Field(None, ge=0, le=TOP_LOGPROBS_MAX)  # chat: alternatives per token
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repeat_penalty: float | None = Field(None, gt=0.0, le=10.0)  # llama-server's names
@@ -247,7 +249,7 @@ def to_request(body: ChatBody | CompletionBody, defaults: Request, draft_spec: s
                       max_tokens=max_tokens or d.max_tokens, sampling=_sampling(body, d.sampling), stop=stops,
                       reuse_prefix=d.reuse_prefix and body.cache_prompt, stop_at_eog=not body.ignore_eos,
                       ngram=d.ngram, verifier=d.verifier, prediction=prediction or None,
-                      grammar=_grammar(body))
+                      grammar=_grammar(body), logprobs=_logprobs(body))
         if isinstance(body, CompletionBody):
             return Request(**_prompt(body), framing="raw", **common), max_tokens is not None
         system, messages = _conversation(body)
@@ -266,10 +268,25 @@ def to_request(body: ChatBody | CompletionBody, defaults: Request, draft_spec: s
 def _unsupported(body: Body) -> None:
     if body.n != 1:
         raise ApiError(400, "n > 1 is not supported (one choice per request)", param="n")
-    if body.logprobs:
-        raise ApiError(400, "logprobs are not supported", param="logprobs")
     if body.logit_bias:
         raise ApiError(400, "logit_bias is not supported", param="logit_bias")
+
+
+def _logprobs(body: Body) -> int | None:
+    """How many alternatives each token's log-probability comes with, None when none are asked:
+    chat takes `logprobs: true` with `top_logprobs`, completions a number in `logprobs` (OpenAI's two
+    shapes)."""
+    chat = isinstance(body, ChatBody)
+    lp = body.logprobs
+    if chat and body.top_logprobs is not None and lp is not True:
+        raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    if lp is None or lp is False:
+        return None
+    if lp is True:
+        return (body.top_logprobs or 0) if chat else 0
+    if not 0 <= lp <= TOP_LOGPROBS_MAX:
+        raise ApiError(400, f"logprobs must be 0 to {TOP_LOGPROBS_MAX}, got {lp}", param="logprobs")
+    return lp
 
 
 def _grammar(body: Body) -> str | None:
@@ -518,6 +535,7 @@ def summary(reply: Reply) -> dict:
         "tokens": list(reply.tokens),
         "sources": list(reply.sources),
         "drafted_by": list(reply.drafted_by),
+        "logprobs": list(reply.logprobs) or None,
         "finish": reply.finish_reason,
         "usage": {"prompt_tokens": st.prompt_tokens, "completion_tokens": st.generated,
                   "total_tokens": st.prompt_tokens + st.generated,
@@ -574,10 +592,11 @@ class Envelope:
             if calls:
                 message["tool_calls"] = [c.to_openai() for c in calls]
                 finish = _call_finish(s["finish"])
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "message": message, "logprobs": self.logprobs(s["logprobs"]),
+                      "finish_reason": finish}
             obj = "chat.completion"
         else:
-            choice = {"index": 0, "text": s["text"], "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": s["text"], "logprobs": self.logprobs(s["logprobs"]), "finish_reason": finish}
             obj = "text_completion"
         return {**self._object(obj, [choice]), "usage": s["usage"], "timings": s["timings"], "edgespec": prov}
 
@@ -586,21 +605,40 @@ class Envelope:
         return "chat.completion.chunk" if self.kind == "chat" else "text_completion"
 
     def chunk(self, text: str | None, finish: str | None, extra: dict | None = None, role: bool = False,
-              calls: list[dict] | None = None) -> dict:
+              calls: list[dict] | None = None, logprobs: list[dict] | None = None, offset: int = 0) -> dict:
+        lps = self.logprobs(logprobs, offset)
         if self.kind == "chat":
             delta: dict = {"role": "assistant"} if role else {}
             if text is not None:
                 delta["content"] = text
             if calls:
                 delta["tool_calls"] = calls
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta, "logprobs": lps, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": text or "", "logprobs": lps, "finish_reason": finish}
         return {**self._object(self.chunk_object, [choice]), **(extra or {})}
 
-    def delta_chunk(self, delta: dict) -> dict:
+    def logprobs(self, entries: list[dict] | None, offset: int = 0) -> dict | None:
+        """A choice's `logprobs` for tokens' entries (engine.token_logprobs), None when none were asked:
+        chat's {"content": [...]}, or the completions API's older columns, with each token's place in
+        the text counted from `offset` (a stream's text so far)."""
+        if not entries:
+            return None
+        if self.kind == "chat":
+            return {"content": entries, "refusal": None}
+        offsets = []
+        for e in entries:
+            offsets.append(offset)
+            offset += len(e["token"])
+        return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+                "top_logprobs": [{a["token"]: a["logprob"] for a in e["top_logprobs"]} for e in entries],
+                "text_offset": offsets}
+
+    def delta_chunk(self, delta: dict, offset: int = 0) -> dict:
         """A chunk of newly released tokens with their provenance (the worker's "delta" message)."""
-        return self.chunk("".join(delta["pieces"]), None, {"edgespec": delta})
+        delta = dict(delta)
+        lps = delta.pop("logprobs", None)
+        return self.chunk("".join(delta["pieces"]), None, {"edgespec": delta}, logprobs=lps, offset=offset)
 
     def final_chunk(self, s: dict, finish: str | None = None) -> dict:
         """The chunk with finish_reason and timings that ends a stream; `s` is the `summary`."""
@@ -623,10 +661,12 @@ class Chunks:
     def __init__(self, env: Envelope) -> None:
         self.env = env
         self.reader = tooling.ToolCallStream() if env.tools and env.kind == "chat" else None
+        self.offset = 0  # characters of text streamed so far (the completions API's text_offset)
 
     def delta(self, delta: dict) -> list[dict]:
+        offset, self.offset = self.offset, self.offset + sum(map(len, delta["pieces"]))
         if self.reader is None:
-            return [self.env.delta_chunk(delta)]
+            return [self.env.delta_chunk(delta, offset)]
         return self._read("".join(delta["pieces"]), delta, done=False)
 
     def final(self, s: dict) -> list[dict]:
@@ -640,7 +680,9 @@ class Chunks:
     def _read(self, text: str, delta: dict, done: bool) -> list[dict]:
         shown, calls = self.reader.push(text, done)
         first = self.reader.calls - len(calls)
-        out = [self.env.chunk(shown or None, None, {"edgespec": delta})]
+        delta = dict(delta)
+        # a delta's token log-probabilities go with its first chunk, whatever of its text shows
+        out = [self.env.chunk(shown or None, None, {"edgespec": delta}, logprobs=delta.pop("logprobs", None))]
         out += [self.env.chunk(None, None, calls=[c.to_openai(first + i)]) for i, c in enumerate(calls)]
         return out
 

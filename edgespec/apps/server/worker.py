@@ -140,8 +140,11 @@ class ModelSlot:
             for _, reply in session.generate(req, job.stop, (framed, engine)):
                 n = len(reply.tokens)
                 if n > shown:
-                    job.emit("delta", {"tokens": reply.tokens[shown:n], "pieces": reply.pieces[shown:n],
-                                       "sources": reply.sources[shown:n], "drafted_by": reply.drafted_by[shown:n]})
+                    delta = {"tokens": reply.tokens[shown:n], "pieces": reply.pieces[shown:n],
+                             "sources": reply.sources[shown:n], "drafted_by": reply.drafted_by[shown:n]}
+                    if reply.logprobs:
+                        delta["logprobs"] = reply.logprobs[shown:n]
+                    job.emit("delta", delta)
                     shown = n
             self.generations += 1
             if reply is not None and reply.finish_reason == "stopped":
