@@ -37,6 +37,7 @@ from edgespec.core.sampling import (
     Noise,
     SamplingParams,
     constrain,
+    log_softmax,
     penalize,
     verify_greedy,
     verify_match,
@@ -486,10 +487,7 @@ def token_logprobs(target: Model, rows: np.ndarray, tokens: Sequence[int], top: 
     proposed it. Entries in OpenAI's shape: {"token", "logprob", "bytes", "top_logprobs"}; a
     token the mask forbids reads LOGPROB_FLOOR (OpenAI's -9999.0) rather than -inf."""
     out = []
-    for row, tok in zip(rows, tokens, strict=True):
-        x = row.astype(np.float64)
-        m = float(np.max(x))
-        lp = x - (m + np.log(np.sum(np.exp(x - m))))
+    for lp, tok in zip(log_softmax(rows), tokens, strict=True):
         entry = _logprob_entry(target, int(tok), lp[tok])
         alts = []
         if top:

@@ -121,6 +121,13 @@ def penalize(logits: np.ndarray, context: Sequence[int], draft: Sequence[int], p
     return out
 
 
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """[n, V] logits -> [n, V] float64 log-probabilities (a masked -inf stays -inf)."""
+    x = logits.astype(np.float64)
+    x -= x.max(axis=1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
+
+
 def process(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """Logits [V] -> probabilities [V] (float64, sums to 1) after temperature, top-k, top-p, min-p.
 

@@ -39,6 +39,7 @@ from edgespec.apps.quant.mx import FORMATS
 from edgespec.core.drafters.model import ModelDrafter
 from edgespec.core.drafters.ngram import NgramDrafter
 from edgespec.core.engine import Engine, FixedGamma, GenerationConfig
+from edgespec.core.sampling import log_softmax
 from edgespec.core.stats import Stats, speedup
 from edgespec.models.loader import check_threads
 from edgespec.runtime.errors import EdgeSpecError
@@ -129,13 +130,6 @@ def matrix_rmse_summary(per: dict[str, float], matrices: set[str]) -> tuple[floa
     return float(statistics.median(v for v, _ in vals)), vals[-1][1], vals[-1][0]
 
 
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    """[n, V] float32 logits -> [n, V] float64 log-probabilities."""
-    x = logits.astype(np.float64)
-    x -= x.max(axis=1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
-
-
 @dataclass
 class DistributionStats:
     positions: int = 0
@@ -145,7 +139,7 @@ class DistributionStats:
 
     def add(self, ref_logits: np.ndarray, cand_logits: np.ndarray) -> None:
         """Accumulate over rows of [n, V] logits at the same positions."""
-        lp, lq = _log_softmax(ref_logits), _log_softmax(cand_logits)
+        lp, lq = log_softmax(ref_logits), log_softmax(cand_logits)
         p, q = np.exp(lp), np.exp(lq)
         self.kl_sum += float((p * (lp - lq)).sum())
         self.top1_sum += int((ref_logits.argmax(axis=1) == cand_logits.argmax(axis=1)).sum())
@@ -189,7 +183,7 @@ def perplexity(model: Model, tokens: Sequence[int]) -> float:
         chunk = list(tokens[start : start + LOGIT_CHUNK])
         nxt = np.asarray(tokens[start + 1 : start + 1 + len(chunk)])
         logits = model.decode(chunk, n_logits=len(chunk))[: len(nxt)]
-        lp = _log_softmax(logits)
+        lp = log_softmax(logits)
         nll -= float(lp[np.arange(len(nxt)), nxt].sum())
         n += len(nxt)
     return float(np.exp(nll / max(n, 1)))
