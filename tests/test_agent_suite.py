@@ -96,6 +96,21 @@ def test_constrained_answers_are_checked_and_predictions_are_the_files():
     assert predicted(ticket) is None and predicted(tool) is None
 
 
+def test_whole_file_rewrites_send_files_of_forty_lines_and_hold_some_out():
+    """agent_rewrite: aider's `whole` edit format on files of 40+ lines with a small change asked, the
+    file sent as the prediction; the `heldout_` session was never tuned on."""
+    from benchmarks.agent_suite import predicted
+    from edgespec.service.suites import load_suite
+
+    rows = load_suite("agent_rewrite")
+    assert {p.kind for p in rows} == {"rewrite"} and len({p.session for p in rows}) >= 2
+    assert sum(p.id.startswith("heldout_") for p in rows) >= 3
+    for p in rows:
+        file = predicted(p)
+        assert file is not None and file.count("\n") >= 40 and file in p.text, p.id
+        assert "complete updated file" in p.system and p.max_tokens >= len(file) // 3, p.id  # room for the whole file
+
+
 def test_suite_lines_refuse_bad_schemas_and_tools(tmp_path):
     import pytest
 

@@ -74,7 +74,7 @@ def test_agent_suite_carries_what_agents_send(tmp_path):
 
 def test_shipped_spec_bench_loads_with_filters():
     suites = shipped_suites()
-    assert set(suites) == {"agent", "agent_heldout", "code_edit", "code_open", "spec_bench"}
+    assert set(suites) == {"agent", "agent_heldout", "agent_rewrite", "code_edit", "code_open", "spec_bench"}
     assert suites["spec_bench"].parent == ROOT / "edgespec" / "service" / "suites"  # package data, found by importlib
     prompts = load_suites([suites["spec_bench"]], ["summarization", "rag"], per_category=2)
     assert [p.category for p in prompts] == ["summarization"] * 2 + ["rag"] * 2

@@ -32,7 +32,7 @@ def test_tab_builds_and_lists_the_shipped_suites():
             bench_tab(make_ctx())
     listed = suite_choices()
     choices = dict(listed)
-    assert set(choices) == {"agent", "agent_heldout", "code_edit", "code_open", "Spec-Bench"}
+    assert set(choices) == {"agent", "agent_heldout", "agent_rewrite", "code_edit", "code_open", "Spec-Bench"}
     assert listed[0][0] == "Spec-Bench"  # offered first: the tab's default suite
     assert all(Path(p).is_file() and p.endswith(".jsonl") for p in choices.values())
     assert any(isinstance(c, gr.Gallery) for c in app.blocks.values())
