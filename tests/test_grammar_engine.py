@@ -136,6 +136,36 @@ def test_forced_tokens_are_drafted_with_provenance_grammar(smollm2, plain):
     assert st.grammar_s > 0
 
 
+def test_forced_text_the_vocabulary_could_split_two_ways_is_drafted_as_the_tokenizer_splits_it(smollm2):
+    """llguidance's forced tokens stop before the ' "' that opens a string value after '": ' (it could
+    begin a longer token); the rest of the forced text is drafted in the tokenizer's own split, and
+    every proposed token is one the grammar admits in a row."""
+    c = constrained(smollm2)
+    c.advance(smollm2.tokenize('{"name": "Maria Lopez", "email', add_special=False))
+    forced = c.forced()
+    assert smollm2.detokenize(forced) == '": "'
+    assert c.matcher.compute_ff_tokens() != forced  # more than llguidance's own forced tokens
+    assert c.admitted(forced) == len(forced)
+    c.advance(smollm2.tokenize('": "m', add_special=False))
+    assert c.forced() == []  # inside a free string value: nothing is forced
+
+
+def test_a_rollback_after_the_grammar_is_complete_gives_back_what_it_took(smollm2):
+    """A draft that runs past the end of the JSON (its closing brace, then an end-of-generation token
+    given separately, as a drafter's tokens are after the forced ones) is taken back exactly: the
+    state is the one before it."""
+    c = constrained(smollm2)
+    c.advance(smollm2.tokenize('{"name": "John Smith", "email": "john.smith@mail.com", "age": 52, "city":',
+                               add_special=False))
+    tail = smollm2.tokenize(' "Boston"}', add_special=False)
+    taken = c.advance(tail[:1]) + c.advance([*tail[1:], smollm2.info.eos])
+    assert c.done and taken == len(tail)  # the end-of-generation token after the complete JSON is not taken
+    c.rollback(taken)
+    assert not c.done and c.admitted(tail) == len(tail)
+    masks = c.masks(tail)  # a verify pass's rows past the end: the state is unchanged after it too
+    assert masks.shape[0] == len(tail) + 1 and c.admitted(tail) == len(tail)
+
+
 class Scripted:
     """A drafter that proposes a fixed continuation (the tokens under test), and nothing after."""
 

@@ -86,6 +86,21 @@ def matcher_accepts(tokenizer, grammar: str, model, text: str) -> bool:
     return m.consume_tokens(model.tokenize(text, add_special=False, parse_special=True)) and m.is_accepting()
 
 
+def test_a_required_call_forces_its_keys_and_separators(smollm2):
+    """The call's JSON has response_format's one layout, so once the function is named the grammar
+    forces everything up to the first argument's value (drafted for free); with any whitespace
+    allowed it forced nothing after the name's closing quote."""
+    from edgespec.core.grammar import Constraint
+    from edgespec.runtime.grammar import grammar_tokenizer
+
+    req = with_tool_grammar(smollm2, Request(messages=[{"role": "user", "content": "hi"}], tools=[WEATHER],
+                                             tool_choice="required"))
+    c = Constraint(grammar_tokenizer(smollm2), req.grammar)
+    c.advance(smollm2.tokenize('<tool_call>\n{"name": "get_weather', add_special=False, parse_special=True))
+    assert smollm2.detokenize(c.forced()) == '", "arguments": {"city": "'
+    assert not matcher_accepts(grammar_tokenizer(smollm2), req.grammar, smollm2, CALL.replace('": "P', '":"P'))
+
+
 def test_the_grammar_admits_a_call_of_the_named_function_with_schema_arguments(smollm2):
     from llguidance.llamacpp import lltokenizer_from_vocab
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from edgespec.runtime.errors import EdgeSpecError
 
+_SPECIAL = b"\xff"  # how llguidance writes a special token in bytes (it is no text to tokenize)
 GRAMMAR = "grammar"  # provenance of the tokens a grammar forces (Draft.sources, drafted_by, stats)
 
 
@@ -31,6 +32,7 @@ class Constraint:
 
     def __init__(self, tokenizer: llguidance.LLTokenizer, spec: str) -> None:
         self.matcher = llguidance.LLMatcher(tokenizer, spec, log_level=0)
+        self.tokenizer = tokenizer
         self.n_vocab = tokenizer.vocab_size
         self._words = (self.n_vocab + 31) // 32
         self.seconds = 0.0  # spent computing masks and forced tokens (Stats.grammar_s)
@@ -50,9 +52,23 @@ class Constraint:
         return self.matcher.validate_tokens([int(t) for t in tokens]) if len(tokens) else 0
 
     def forced(self) -> list[int]:
-        """The tokens the grammar forces from the current state (none where it admits a choice)."""
+        """The tokens the grammar forces from the current state (none where it admits a choice), then
+        the rest of the text it forces in the model's own tokenization. llguidance stops its forced
+        tokens where the forced text could still be split more than one way, e.g. before the ' "'
+        that opens a string value after '": ' (' "' + 'tests' or ' "t' + 'ests'); that rest, cut into
+        tokens as the tokenizer cuts it alone, is what the model writes nearly always, and where it
+        is not, the verifier refuses it like any other draft token."""
         t0 = time.perf_counter()
-        out = self.matcher.compute_ff_tokens()
+        m = self.matcher
+        if m.is_stopped():  # nothing may follow (asking llguidance for forced bytes here breaks its state)
+            self.seconds += time.perf_counter() - t0
+            return []
+        out = m.compute_ff_tokens()
+        text, done = m.compute_ff_bytes(), self.tokenizer.decode_bytes(out)
+        rest = text[len(done):]
+        if rest and text.startswith(done) and _SPECIAL not in rest:
+            more = self.tokenizer.tokenize_bytes(rest)
+            out = [*out, *more[: max(0, m.validate_tokens([*out, *more]) - len(out))]]
         self.seconds += time.perf_counter() - t0
         return out
 
@@ -62,22 +78,32 @@ class Constraint:
         t0 = time.perf_counter()
         m = self.matcher
         bits = np.empty((len(draft) + 1, self._words), dtype=np.int32)
+        taken = 0
         for i in range(len(draft) + 1):
             m.unsafe_compute_mask_ptr(bits[i].ctypes.data, bits[i].nbytes)
-            if i < len(draft) and not m.consume_token(int(draft[i])):
-                self._check()
-        if len(draft):
-            m.rollback(len(draft))
+            if i < len(draft):
+                taken += self._take(int(draft[i]))
+        if taken:
+            m.rollback(taken)
         allowed = np.unpackbits(bits.view(np.uint8), axis=1, count=self.n_vocab, bitorder="little").view(bool)
         self.seconds += time.perf_counter() - t0
         return allowed
 
-    def advance(self, tokens: Sequence[int]) -> None:
-        """The generation committed `tokens` (each one allowed where it stands)."""
-        if len(tokens) and not self.matcher.consume_tokens([int(t) for t in tokens]):
+    def advance(self, tokens: Sequence[int]) -> int:
+        """The generation committed `tokens` (each one allowed where it stands). Returns how many the
+        state took: none after the grammar is complete (an end-of-generation token there)."""
+        return sum(self._take(int(t)) for t in tokens)
+
+    def _take(self, token: int) -> int:
+        # llguidance does not always count a token given to a complete grammar, so a rollback by
+        # the number given would undo one too many: such tokens are not given to it at all
+        if self.matcher.is_stopped():
+            return 0
+        if not self.matcher.consume_token(token):
             self._check()
+        return 1
 
     def rollback(self, n: int) -> None:
-        """Undo the last `n` tokens given to `advance` (a speculative state given back)."""
+        """Undo the last `n` tokens the state took (`advance`'s count; a speculative state given back)."""
         if n:
             self.matcher.rollback(n)

@@ -15,7 +15,9 @@ The call format is the one Qwen2.5's and Hermes' chat templates teach their mode
 - `parse_tool_calls` reads the calls out of a finished answer; `ToolCallStream` out of a streamed
   one, holding back text that may be the start of a call.
 - `tool_call_grammar`: an llguidance (lark) grammar admitting only calls of the given functions
-  whose arguments follow each function's JSON schema (tool_choice 'required' or a named function).
+  whose arguments follow each function's JSON schema (tool_choice 'required' or a named function),
+  laid out as `response_format` JSON is (`{"key": value, "key": value}`), so its keys and separators
+  are forced tokens.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from edgespec.runtime.errors import EdgeSpecError
+from edgespec.service.structured import JSON_LAYOUT
 
 if TYPE_CHECKING:
     from edgespec.runtime.llama import Model
@@ -193,6 +196,10 @@ def tool_call_grammar(tools: Sequence[dict], name: str | None = None, *, paralle
               "properties": {"name": {"const": f["name"]}, "arguments": f.get("parameters") or EMPTY_PARAMETERS},
               "required": ["name", "arguments"], "additionalProperties": False} for f in fns]
     schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    # the layout every schema gets (structured.JSON_LAYOUT, the one the call format shows): without
+    # it %json admits any whitespace, so no separator after a key is forced and only single tokens
+    # here and there are drafted for free
+    schema = {"x-guidance": JSON_LAYOUT, **schema}
     open_, close = (OPEN, CLOSE) if tags_are_tokens else (json.dumps(OPEN), json.dumps(CLOSE))
     more = ' ("\\n" call)*' if parallel else ""
     return (f"start: call{more}\n"

@@ -61,15 +61,15 @@ class GrammarDrafter:
         if self.inner is None or len(head) == gamma:
             return Draft(np.asarray(head, dtype=np.int32), None, GRAMMAR, (GRAMMAR,) * len(head))
         grammar = self.grammar
-        grammar.advance(head)
+        taken = grammar.advance(head)
         own = self.inner.propose([*context, *head], gamma - len(head))
         n = grammar.admitted(own.tokens)
         own = own.cut(n)
-        grammar.advance(own.tokens)
+        taken += grammar.advance(own.tokens)
         # after the drafter's tokens, what the grammar forces next (not after a sampled draft the
         # grammar cut: the verifier needs the refused token's distribution right after its prefix)
         tail = [] if own.probs is not None and len(own.probs) > n else grammar.forced()[: gamma - len(head) - n]
-        grammar.rollback(len(head) + n)
+        grammar.rollback(taken)
         tokens = [*head, *own.tokens.tolist(), *tail]
         source = own.source or self.inner.name
         sources = (GRAMMAR,) * len(head) + tuple(own.provenance(self.inner.name)) + (GRAMMAR,) * len(tail)
