@@ -73,3 +73,15 @@ def test_simulation_matches_eq1(alpha, gamma):
     accepted = np.random.default_rng(1).random((200_000, gamma)) < alpha
     first_reject = np.where(accepted.all(axis=1), gamma, np.argmin(accepted, axis=1))
     assert float((first_reject + 1).mean()) == pytest.approx(expected_tokens(alpha, gamma), rel=0.02)
+
+
+def test_a_run_of_certain_tokens_is_not_cut_when_its_rest_would_cost_a_pass_of_its_own():
+    """Six forced tokens on a curve where 6 rows are cheap and 7 dear (this EPYC's profile: T(6) 1.92,
+    T(7) 2.32): one step alone reads 6 / 1.92 better than 7 / 2.32, but the forced token it leaves costs
+    the next step a pass, so the run is drafted whole (7 tokens in 2.32 against 8 in 1.92 + 1.11)."""
+    curve = CostModel({1: 1.0, 2: 1.11, 5: 1.86, 6: 1.92, 7: 2.32, 8: 2.64, 11: 3.54})
+    alphas = [1.0] * 6 + [0.3] * 10
+    assert curve.speedup(alphas, 5, free=6) > curve.speedup(alphas, 6, free=6)  # what one step alone prefers
+    assert curve.best_gamma(alphas, free=6) == (6, pytest.approx(7 / 2.32))
+    assert curve.best_gamma([1.0] * 10 + [0.3] * 6, free=10)[0] == 5  # 11 in 3.54 < 12 in 1.92 + 1.86: two steps
+    assert curve.best_gamma(alphas)[0] == 5  # the same acceptances, nothing certain (no pass owed): one step's best

@@ -198,6 +198,14 @@ class CostModel:
             s = self.speedup(alpha, g, c, catch_up, free)
             if s > best_s:
                 best, best_s = g, s
+        if 0 < best < free <= cap and free in self._lengths:
+            # A draft cut inside a run of certain tokens leaves the rest to the next step, which pays a
+            # pass for them however few they are. Weigh getting through the run in this step (free + 1
+            # tokens) against two steps (this one, then the rest with its own bonus: free + 2 tokens).
+            whole = self.speedup(alpha, free, c, catch_up, free)
+            two = (free + 2) / (self.step_cost(best, c, catch_up, free) + self.t_ratio(free - best + 1))
+            if whole >= two:
+                best, best_s = free, whole
         return best, best_s
 
     def predicted_for(self, drafted_hist: dict[int, int], alpha: float) -> float:

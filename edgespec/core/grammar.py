@@ -64,11 +64,13 @@ class Constraint:
             self.seconds += time.perf_counter() - t0
             return []
         out = m.compute_ff_tokens()
-        text, done = m.compute_ff_bytes(), self.tokenizer.decode_bytes(out)
-        rest = text[len(done):]
-        if rest and text.startswith(done) and _SPECIAL not in rest:
+        taken = sum(self._take(t) for t in out)  # the state after them (given back below)
+        rest = m.compute_ff_bytes() if not m.is_stopped() else b""
+        if rest and _SPECIAL not in rest:
             more = self.tokenizer.tokenize_bytes(rest)
-            out = [*out, *more[: max(0, m.validate_tokens([*out, *more]) - len(out))]]
+            out = [*out, *more[: m.validate_tokens(more)]]
+        if taken:
+            m.rollback(taken)
         self.seconds += time.perf_counter() - t0
         return out
 
