@@ -60,7 +60,7 @@ class Constraint:
         is not, the verifier refuses it like any other draft token."""
         t0 = time.perf_counter()
         m = self.matcher
-        if m.is_stopped():  # nothing may follow (asking llguidance for forced bytes here breaks its state)
+        if m.is_stopped():  # the grammar is complete: nothing follows
             self.seconds += time.perf_counter() - t0
             return []
         out = m.compute_ff_tokens()
