@@ -160,6 +160,7 @@ def test_a_rollback_after_the_grammar_is_complete_gives_back_what_it_took(smollm
     tail = smollm2.tokenize(' "Boston"}', add_special=False)
     taken = c.advance(tail[:1]) + c.advance([*tail[1:], smollm2.info.eos])
     assert c.done and taken == len(tail)  # the end-of-generation token after the complete JSON is not taken
+    assert c.forced() == []  # nothing follows a complete grammar
     c.rollback(taken)
     assert not c.done and c.admitted(tail) == len(tail)
     masks = c.masks(tail)  # a verify pass's rows past the end: the state is unchanged after it too
