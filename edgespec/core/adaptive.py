@@ -359,9 +359,10 @@ class AutoGamma:
         alpha = self.alpha_overall if measured else 0.95
         # what resuming drafting would have cost on the plain steps, on average (a draft model's catch-up)
         catch_up = self._plain_catch_up / self._steps_plain if self._steps_plain else 0.0
-        args = (alpha, self._cap(), catch_up)
+        cap = self._cap()
+        args = (alpha, cap, catch_up)
         if self._decline_plan is None or self._decline_plan[0] != args:
-            self._decline_plan = (args, self.costs.best_gamma(alpha, self._cap(), catch_up=catch_up, drafting=True))
+            self._decline_plan = (args, self.costs.best_gamma(alpha, cap, catch_up=catch_up, drafting=True))
         gamma, speedup = self._decline_plan[1]
         return {"plain_steps": self._steps_plain, "steps": self._steps, "nothing_to_draft": self._steps_nothing,
                 "alpha": round(alpha, 3), "alpha_measured": measured, "tested": self._tested,
