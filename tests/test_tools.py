@@ -116,11 +116,12 @@ def test_the_grammar_admits_a_call_of_the_named_function_with_schema_arguments(s
     assert not matcher_accepts(tok, one.grammar, smollm2, CALL.replace('"city"', '"town"'))  # city is required
     assert not matcher_accepts(tok, one.grammar, smollm2, "Sure! " + CALL)  # no text before the call
     any_ = with_tool_grammar(smollm2, Request(messages=[{"role": "user", "content": "hi"}], tools=[WEATHER, TIME],
-                                              tool_choice="required"))
+                                              tool_choice="required", parallel_tool_calls=True))
     both = CALL + '\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
     assert matcher_accepts(tok, any_.grammar, smollm2, both)
+    # one call unless several are asked for
     single = with_tool_grammar(smollm2, Request(messages=[{"role": "user", "content": "hi"}], tools=[WEATHER, TIME],
-                                                tool_choice="required", parallel_tool_calls=False))
+                                                tool_choice="required"))
     assert matcher_accepts(tok, single.grammar, smollm2, CALL) and not matcher_accepts(tok, single.grammar, smollm2, both)
     # auto and none leave the output free
     for choice in ("auto", "none"):

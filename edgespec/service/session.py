@@ -137,7 +137,11 @@ class Request:
     # "function": {"name": ...}} (a call of that one); the last two constrain the output (`grammar`).
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] = tooling.AUTO
-    parallel_tool_calls: bool = True  # a constrained answer may hold several calls
+    # A constrained answer (tool_choice 'required' or named) may hold several calls. Off unless asked for:
+    # the grammar lets the answer end after each call, but small models rank a newline above the end of
+    # their turn there and call again, the same function with the same or other arguments, until
+    # max_tokens (the bundled 135M and the real 1.5B both do).
+    parallel_tool_calls: bool = False
     # An llguidance grammar (what llguidance.LLMatcher accepts) the output is held to; None: free text.
     # A request that must call a tool gets one for its call (`with_tool_grammar`).
     grammar: str | None = None  # llguidance grammar spec (service.structured); forced tokens are drafted free

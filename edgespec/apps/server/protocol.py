@@ -259,7 +259,7 @@ def to_request(body: ChatBody | CompletionBody, defaults: Request, draft_spec: s
                            "is either a call or the format's text); drop one", "invalid_value", param="tool_choice")
         framing = d.framing if d.framing in ("auto", "chat", "transcript") else "auto"
         return (Request(messages=messages, system=d.system if system is None else system, framing=framing,
-                        tools=tools, tool_choice=choice, parallel_tool_calls=body.parallel_tool_calls is not False,
+                        tools=tools, tool_choice=choice, parallel_tool_calls=body.parallel_tool_calls is True,
                         **common), max_tokens is not None)
     except EdgeSpecError as exc:
         raise ApiError(400, one_line(exc)) from None
