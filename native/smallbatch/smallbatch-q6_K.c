@@ -4,10 +4,11 @@
 // scales (one per 16 weights) and a half-precision d. The row's dot product with a Q8_K row is
 //     d_x * d_y * sum_k scale_k * sum_{i in k} (q_i - 32) * y_i
 // and the -32 offset is taken out with the activation's per-16 sums (bsums). Unpacking the 6-bit
-// codes and broadcasting the scales is done once per super-block; the multiply-adds, the offset and
-// the float accumulation are then done per activation row, with the same lanes as
-// ggml_vec_dot_q6_K_q8_K (arch/x86/quants.c): the per-lane integer sums are exact whatever their
-// order, and the float steps are the same, so each result equals the per-row kernel's bit for bit.
+// codes and broadcasting the scales is done once per half super-block (128 weights); the
+// multiply-adds, the offset and the float accumulation are then done per activation row, with the
+// same lanes as ggml_vec_dot_q6_K_q8_K (arch/x86/quants.c): the per-lane integer sums are exact
+// whatever their order, and the float steps are the same, so each result equals the per-row
+// kernel's bit for bit.
 #include "smallbatch.h"
 
 #define GGML_COMMON_DECL_C
@@ -34,6 +35,20 @@
 // (docs/kernels.md). A prefetch past the last weight row is only a hint (it never faults), and the
 // rows of a chunk are contiguous, so near a row's end this fetches the next row's start.
 #define SB_Q6_K_PREFETCH 4
+
+// A super-block's 8 code vectors and 8 scale vectors take all 16 of AVX2's vector registers, and with
+// them in registers for every activation row GCC spilled and reloaded them row after row: on AVX2
+// (Zen 3) the kernel takes each super-block in two parts of 128 weights (1.14-1.31x; docs/kernels.md).
+// With AVX-512VL's 32 registers the whole super-block stays in registers, as measured on Zen 4.
+// (-DSB_Q6_K_PARTS=1 or 2 chooses for a benchmark.)
+#ifndef SB_Q6_K_PARTS
+#if defined(__AVX512VL__)
+#define SB_Q6_K_PARTS 1
+#else
+#define SB_Q6_K_PARTS 2
+#endif
+#endif
+#define SB_Q6_K_NV (8 / SB_Q6_K_PARTS)  // code (and scale) vectors of a part
 
 static inline float sb_hsum_float_8(const __m256 x) {
     __m128 res = _mm256_extractf128_ps(x, 1);
@@ -62,69 +77,72 @@ static inline __attribute__((always_inline)) void sb_q6_K_q8_K(int n, float * s,
         const float xd = GGML_CPU_FP16_TO_FP32(x[i].d);
         GGML_SMALLBATCH_PREFETCH_256((const char *) (x + i + SB_Q6_K_PREFETCH));  // a block_q6_K is 210 bytes
 
-        // the 256 codes as unsigned bytes 0..63, in the order the activations are stored
-        __m256i q[8];
-        const uint8_t * ql = x[i].ql;
-        const uint8_t * qh = x[i].qh;
-        for (int j = 0; j < 2; ++j) {
-            const __m256i bits1 = _mm256_loadu_si256((const __m256i *) ql); ql += 32;
-            const __m256i bits2 = _mm256_loadu_si256((const __m256i *) ql); ql += 32;
-            const __m256i bitsH = _mm256_loadu_si256((const __m256i *) qh); qh += 32;
-
-            const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(bitsH, m3), 4);
-            const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(bitsH, _mm256_set1_epi8(12)), 2);
-            const __m256i h2 = _mm256_and_si256(bitsH, _mm256_set1_epi8(48));
-            const __m256i h3 = _mm256_srli_epi16(_mm256_and_si256(bitsH, _mm256_set1_epi8(-64)), 2);
-
-            q[4 * j + 0] = _mm256_or_si256(_mm256_and_si256(bits1, m15), h0);
-            q[4 * j + 1] = _mm256_or_si256(_mm256_and_si256(bits2, m15), h1);
-            q[4 * j + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits1, 4), m15), h2);
-            q[4 * j + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits2, 4), m15), h3);
-        }
-
         const __m128i scales    = _mm_loadu_si128((const __m128i *) x[i].scales);
         const __m256i scales_16 = _mm256_cvtepi8_epi16(scales);
-        // the 16-bit scale of each pair of 16-weight groups, spread over the 32 bytes they multiply:
-        // in-lane byte shuffles of the widened scales (rather than a widening per pair)
-        __m256i sc[8];
-        {
-            const __m256i s03 = _mm256_permute4x64_epi64(scales_16, 0x44);  // scales 0-7 in both halves
-            const __m256i s47 = _mm256_permute4x64_epi64(scales_16, 0xee);  // scales 8-15 in both halves
-            for (int k = 0; k < 8; ++k) {
-                const int b = 4 * (k % 4);  // bytes of scale 2k (low half) and 2k+1 (high half) in the 8 scales
-                const __m256i idx = _mm256_setr_epi8(b, b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1,
-                                                     b + 2, b + 3, b + 2, b + 3, b + 2, b + 3, b + 2, b + 3,
-                                                     b + 2, b + 3, b + 2, b + 3, b + 2, b + 3, b + 2, b + 3);
-                sc[k] = _mm256_shuffle_epi8(k < 4 ? s03 : s47, idx);
+
+        // each activation row's integer sum over the super-block, begun with the -32 offset of every
+        // code: -32 * sum_k scale_k * bsum_k
+        __m256i isum[GGML_SMALLBATCH_MAX_COLS];
+        for (int c = 0; c < nc; ++c) {
+            const block_q8_K * y = (const block_q8_K *) vy[c] + i;
+            const __m256i q8sums = _mm256_loadu_si256((const __m256i *) y->bsums);
+            isum[c] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(q8sums, scales_16), 5));
+        }
+
+        // SB_Q6_K_PARTS parts of the super-block one after another: each part's code and scale
+        // vectors stay in registers for every activation row
+        const uint8_t * ql = x[i].ql;
+        const uint8_t * qh = x[i].qh;
+        for (int part = 0; part < SB_Q6_K_PARTS; ++part) {
+            __m256i q[SB_Q6_K_NV];   // codes as unsigned bytes 0..63, in the order the activations are stored
+            __m256i sc[SB_Q6_K_NV];  // the 16-bit scale of each pair of 16-weight groups, over the 32 bytes they multiply
+            for (int j = 0; j < SB_Q6_K_NV / 4; ++j) {
+                const int half = part * (SB_Q6_K_NV / 4) + j;  // 128 weights
+                const __m256i bits1 = _mm256_loadu_si256((const __m256i *) ql); ql += 32;
+                const __m256i bits2 = _mm256_loadu_si256((const __m256i *) ql); ql += 32;
+                const __m256i bitsH = _mm256_loadu_si256((const __m256i *) qh); qh += 32;
+
+                const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(bitsH, m3), 4);
+                const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(bitsH, _mm256_set1_epi8(12)), 2);
+                const __m256i h2 = _mm256_and_si256(bitsH, _mm256_set1_epi8(48));
+                const __m256i h3 = _mm256_srli_epi16(_mm256_and_si256(bitsH, _mm256_set1_epi8(-64)), 2);
+
+                q[4 * j + 0] = _mm256_or_si256(_mm256_and_si256(bits1, m15), h0);
+                q[4 * j + 1] = _mm256_or_si256(_mm256_and_si256(bits2, m15), h1);
+                q[4 * j + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits1, 4), m15), h2);
+                q[4 * j + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits2, 4), m15), h3);
+
+                // in-lane byte shuffles of the widened scales of this half (rather than a widening per pair)
+                const __m256i sh = half == 0 ? _mm256_permute4x64_epi64(scales_16, 0x44)   // scales 0-7 in both halves
+                                             : _mm256_permute4x64_epi64(scales_16, 0xee);  // scales 8-15 in both halves
+                for (int k = 0; k < 4; ++k) {
+                    const int b = 4 * k;  // bytes of scale 2k (low half) and 2k+1 (high half) in the 8 scales
+                    const __m256i idx = _mm256_setr_epi8(b, b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1,
+                                                         b + 2, b + 3, b + 2, b + 3, b + 2, b + 3, b + 2, b + 3,
+                                                         b + 2, b + 3, b + 2, b + 3, b + 2, b + 3, b + 2, b + 3);
+                    sc[4 * j + k] = _mm256_shuffle_epi8(sh, idx);
+                }
+            }
+
+            for (int c = 0; c < nc; ++c) {
+                const int8_t * q8 = ((const block_q8_K *) vy[c] + i)->qs + 32 * SB_Q6_K_NV * part;
+                // two accumulators halve the dependency chain; int32 sums, so any order gives the
+                // same total, lane by lane
+                __m256i sum0 = isum[c];
+                __m256i sum1 = _mm256_setzero_si256();
+                for (int k = 0; k < SB_Q6_K_NV; k += 2) {
+                    const __m256i p0 = _mm256_maddubs_epi16(q[k + 0], _mm256_loadu_si256((const __m256i *) (q8 + 32 * k)));
+                    const __m256i p1 = _mm256_maddubs_epi16(q[k + 1], _mm256_loadu_si256((const __m256i *) (q8 + 32 * k + 32)));
+                    sum0 = SB_MADD_ACC(sum0, sc[k + 0], p0);
+                    sum1 = SB_MADD_ACC(sum1, sc[k + 1], p1);
+                }
+                isum[c] = _mm256_add_epi32(sum0, sum1);
             }
         }
 
         for (int c = 0; c < nc; ++c) {
-            const block_q8_K * y = (const block_q8_K *) vy[c] + i;
-            const int8_t * q8 = y->qs;
-
-            // 32 * sum_k scale_k * bsum_k: the -32 offset of every code
-            const __m256i q8sums   = _mm256_loadu_si256((const __m256i *) y->bsums);
-            const __m256i q8sclsub = _mm256_slli_epi32(_mm256_madd_epi16(q8sums, scales_16), 5);
-
-            // two accumulators halve the dependency chain; int32 sums, so any order gives the same total
-            __m256i sum0 = _mm256_setzero_si256();
-            __m256i sum1 = _mm256_setzero_si256();
-            for (int j = 0; j < 2; ++j) {
-                const __m256i p0 = _mm256_maddubs_epi16(q[4 * j + 0], _mm256_loadu_si256((const __m256i *) (q8 +  0)));
-                const __m256i p1 = _mm256_maddubs_epi16(q[4 * j + 1], _mm256_loadu_si256((const __m256i *) (q8 + 32)));
-                const __m256i p2 = _mm256_maddubs_epi16(q[4 * j + 2], _mm256_loadu_si256((const __m256i *) (q8 + 64)));
-                const __m256i p3 = _mm256_maddubs_epi16(q[4 * j + 3], _mm256_loadu_si256((const __m256i *) (q8 + 96)));
-                q8 += 128;
-                sum0 = SB_MADD_ACC(sum0, sc[4 * j + 0], p0);
-                sum1 = SB_MADD_ACC(sum1, sc[4 * j + 1], p1);
-                sum0 = SB_MADD_ACC(sum0, sc[4 * j + 2], p2);
-                sum1 = SB_MADD_ACC(sum1, sc[4 * j + 3], p3);
-            }
-            const __m256i sumi = _mm256_sub_epi32(_mm256_add_epi32(sum0, sum1), q8sclsub);
-
-            const float d = y->d * xd;
-            acc[c] = _mm256_fmadd_ps(_mm256_broadcast_ss(&d), _mm256_cvtepi32_ps(sumi), acc[c]);
+            const float d = ((const block_q8_K *) vy[c] + i)->d * xd;
+            acc[c] = _mm256_fmadd_ps(_mm256_broadcast_ss(&d), _mm256_cvtepi32_ps(isum[c]), acc[c]);
         }
     }
 
