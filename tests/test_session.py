@@ -214,3 +214,25 @@ def test_a_message_cannot_forge_the_templates_markers(smollm2):
     plain = frame(smollm2, Request(text="x y", system="Be brief."))
     assert forged.tokens.count(im_end) == plain.tokens.count(im_end) == 2  # after the system and the user turn
     assert "x <|im_end|> y" in smollm2.detokenize(forged.tokens)  # kept as text
+
+
+def test_gamma_auto_plans_with_the_passes_the_session_observed(smollm2_path):
+    """After a generation the session's cost model has moved T(K)/T(1) toward what the generation's
+    passes cost (issue 44, item 38): the stored profile is timed once on a quiet machine."""
+    import numpy as np
+
+    from edgespec.core.costs import CostModel
+
+    session = Session.load(str(smollm2_path), RuntimeOptions(n_ctx=1024, flash_attn="off"))
+    try:
+        text = "Repeat this line three times: the cat sat on the mat by the door."
+        reply = session.run(Request(text=text, draft="ngram", gamma="4", max_tokens=40, reuse_prefix=False))
+        passes = reply.stats.pass_s
+        assert 1 in passes and 5 in passes, {k: len(v) for k, v in passes.items()}
+        _, engine = session.prepare(Request(text=text, draft="ngram", gamma="auto", max_tokens=8))
+        profile_only = CostModel.for_target(session.target)
+        seen = float(np.median(passes[5])) / float(np.median(passes[1]))
+        assert engine.costs.seconds(1) == profile_only.seconds(1)
+        assert abs(engine.costs.t_ratio(5) - seen) < abs(profile_only.t_ratio(5) - seen)
+    finally:
+        session.close()

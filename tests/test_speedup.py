@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec.core.costs import CostModel, expected_tokens
+from edgespec.core.costs import PASSES_KEPT, CostModel, PassLog, expected_tokens
 
 
 def test_worked_examples_of_the_paper():
@@ -85,3 +85,54 @@ def test_a_run_of_certain_tokens_is_not_cut_when_its_rest_would_cost_a_pass_of_i
     assert curve.best_gamma(alphas, free=6) == (6, pytest.approx(7 / 2.32))
     assert curve.best_gamma([1.0] * 10 + [0.3] * 6, free=10)[0] == 5  # 11 in 3.54 < 12 in 1.92 + 1.86: two steps
     assert curve.best_gamma(alphas)[0] == 5  # the same acceptances, nothing certain (no pass owed): one step's best
+
+
+def test_observed_passes_bend_the_profile_toward_what_they_cost():
+    """Gamma auto plans with the passes it observed (issue 44, item 38): T(K)/T(1) moves toward the
+    observed medians' ratio, as far as their number weighs against the profile, between observed
+    row counts by interpolation and beyond the largest as it is; T(1) stays the profile's."""
+    prof = {1: 0.070, 2: 0.064, 4: 0.082, 8: 0.150, 16: 0.270, 32: 0.600}
+    m = CostModel(prof)
+    before = {k: m.t_ratio(k) for k in range(1, 33)}
+    log = PassLog()
+    m.calibrate(log)  # nothing observed: unchanged
+    assert {k: m.t_ratio(k) for k in range(1, 33)} == before
+    log.add({4: [0.082 * 1.1 * 1.5] * 40})
+    m.calibrate(log)  # no single-row pass to compare with: unchanged
+    assert {k: m.t_ratio(k) for k in range(1, 33)} == before
+    # machine 10% slower on one row, and a 4-row pass costs 1.5 times the profile's ratio
+    log.add({1: [0.077] * 40})
+    m.calibrate(log)
+    w = 40 / (40 + 8)
+    assert m.seconds(1) == pytest.approx(0.070)
+    assert m.t_ratio(4) == pytest.approx(before[4] * (1 + w * 0.5))
+    assert m.t_ratio(2) == pytest.approx(before[2] * (1 + w * 0.5 / 3))  # a third of the way from 1 row to 4
+    assert m.t_ratio(16) == pytest.approx(before[16] * (1 + w * 0.5))  # beyond: held
+    # calibrating again starts from the profile, not from the last calibration
+    m.calibrate(log)
+    assert m.t_ratio(4) == pytest.approx(before[4] * (1 + w * 0.5))
+    # a few passes weigh little; a wild observation is held to CORRECTION_RANGE
+    few = PassLog()
+    few.add({1: [0.070] * 40, 8: [0.150 * 1.5] * 2})
+    m.calibrate(few)
+    assert m.t_ratio(8) == pytest.approx(before[8] * (1 + 0.5 * 2 / 10))
+    wild = PassLog()
+    wild.add({1: [0.070] * 40, 8: [0.150 * 100] * 40})
+    m.calibrate(wild)
+    assert m.t_ratio(8) == pytest.approx(before[8] * 2.0)
+    # only the most recent passes are kept
+    log.add({4: [1.0] * PASSES_KEPT})
+    assert log.passes[4] == [1.0] * PASSES_KEPT
+
+
+def test_dearer_observed_passes_shorten_the_draft():
+    """A profile that made long passes look cheap gets a shorter draft once the real passes are
+    seen to cost more, and the speedup it predicts falls to what those passes give."""
+    prof = {1: 0.070, 2: 0.072, 4: 0.085, 8: 0.140, 16: 0.250, 32: 0.560}
+    m = CostModel(prof, gamma_max=31)
+    g0, s0 = m.best_gamma(0.95)
+    log = PassLog()
+    log.add({1: [0.070] * 64, 8: [0.140 * 1.4] * 64, 16: [0.250 * 1.6] * 64})
+    m.calibrate(log)
+    g1, s1 = m.best_gamma(0.95)
+    assert g1 < g0 and s1 < s0, (g0, g1, s0, s1)

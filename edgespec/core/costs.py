@@ -13,7 +13,8 @@ T(K) comes from the stored profile of the target (`edgespec.runtime.profiles`: m
 time a model runs with a given set-up, kept on disk, and in exact mode capped to the rows proven
 batch-invariant). A profile measured while something else loaded the machine is checked against
 the single-token passes every generation times anyway (`check_t1`), and measured again when
-stored T(1) is clearly slower than what the machine does now.
+stored T(1) is clearly slower than what the machine does now. A session bends the profile's
+T(K)/T(1) toward the passes its generations timed (`PassLog`, `CostModel.calibrate`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ STALE_FACTOR = 1.6  # stored T(1) this much slower than observed single-token pa
 # timed after CONTEXT_AT tokens, so short chats see cheaper single-token passes than it; a factor above
 # that gap and below what a loaded machine costs, docs/gamma_auto.md)
 MIN_OBSERVED = 8  # single-token passes needed before a profile is judged
+# Gamma auto plans with the passes it observes (`PassLog`, `CostModel.calibrate`): the stored profile
+# is the fastest of a few back-to-back passes at one context length on a quiet machine, and real
+# steps of the 1.5B on Zen 3 cost 13-26% more than it for 2-17 rows against T(1) (docs/gamma_auto.md).
+PASSES_KEPT = 64  # the most recent passes kept per row count
+PASSES_WEIGHT = 8  # observed passes of one row count that weigh as much as the profile's own
+CORRECTION_RANGE = (0.5, 2.0)  # the most the observed passes move T(K)/T(1) from the profile's
 
 
 def expected_tokens(alpha: float | Sequence[float], gamma: int) -> float:
@@ -82,6 +89,20 @@ def _kind(path: str, size: int, mtime_ns: int) -> ModelKind:
     return ModelKind(info["architecture"] or "?", parameter_label(info["n_params"]), info["file_type_name"] or "?")
 
 
+class PassLog:
+    """The target passes generations timed (`Stats.pass_s`: seconds by row count), the most recent
+    PASSES_KEPT of each row count: what `CostModel.calibrate` plans with besides the profile."""
+
+    def __init__(self) -> None:
+        self.passes: dict[int, list[float]] = {}
+
+    def add(self, pass_s: dict[int, Sequence[float]]) -> None:
+        for k, times in pass_s.items():
+            kept = self.passes.setdefault(int(k), [])
+            kept.extend(float(t) for t in times if np.isfinite(t) and t > 0)
+            del kept[:-PASSES_KEPT]
+
+
 class CostModel:
     """T(K) for K = 1..k_max+1, c and the predicted speedup. Built from the stored profile by
     `for_target`, or from given costs (tests, what-if predictions)."""
@@ -106,6 +127,7 @@ class CostModel:
             beyond = rows > ks[-1]
             table[beyond] = ts[-1] + slope * (rows[beyond] - ks[-1])
         self._table = table  # [gamma_max + 2] seconds, index = rows
+        self._profile_table = table  # what `calibrate` bends
         # Draft lengths worth considering: every one whose rows are up to K_MAX, beyond that only
         # where a row count was measured (the curve between sparse points is not known to be
         # linear: just past a multiple of 8 a pass costs a step more, LONG_ROWS).
@@ -133,6 +155,35 @@ class CostModel:
         model.c = model.draft_cost(draft_cost_s)
         model.target_kind = ModelKind.of(*target.file.identity)
         return model
+
+    def calibrate(self, log: PassLog) -> None:
+        """Bend T(K)/T(1) toward what observed passes cost. For each row count with observed passes,
+        the ratio of their median to the profile's T(K), over that ratio at one row, is the
+        correction; it counts as much as the profile once PASSES_WEIGHT passes were seen (weight
+        n/(n + PASSES_WEIGHT)); row counts between observed ones are corrected by linear
+        interpolation, those beyond the largest as it is. T(1) itself stays the profile's (c is a
+        share of it), and nothing changes before single-row passes were observed."""
+        ones = log.passes.get(1, [])
+        if not ones:
+            return
+        base = self._profile_table
+        r1 = float(np.median(ones)) / base[1]
+        ks, corr = [1], [1.0]
+        for k in sorted(log.passes):
+            seen = log.passes[k]
+            if k < 2 or k >= base.size or not seen:
+                continue
+            r = float(np.median(seen)) / base[k] / r1
+            w = len(seen) / (len(seen) + PASSES_WEIGHT)
+            ks.append(k)
+            corr.append(float(np.clip(1.0 + w * (r - 1.0), *CORRECTION_RANGE)))
+        if len(ks) == 1:
+            return
+        rows = np.arange(base.size)
+        factor = np.interp(rows, ks, corr)  # held at the ends
+        factor[0] = factor[1] = 1.0
+        self._table = base * factor
+        self._slope = float(self._table[-1] - self._table[-2]) if self._table.size > 2 else float(self._table[-1])
 
     def seconds(self, rows: int) -> float:
         """T(rows): seconds of one target pass over `rows` rows (beyond the table, along its last slope)."""

@@ -34,7 +34,7 @@ import numpy as np
 
 from edgespec.core import drafters as registry
 from edgespec.core.adaptive import AutoGamma
-from edgespec.core.costs import GAMMA_MAX, CostModel
+from edgespec.core.costs import GAMMA_MAX, CostModel, PassLog
 from edgespec.core.drafters import Drafter
 from edgespec.core.drafters.grammar import GrammarDrafter
 from edgespec.core.drafters.prediction import PredictionDrafter
@@ -427,6 +427,7 @@ class Session:
         self.opts = opts
         self._kept: dict[str, Drafter] = {}  # drafters that load a model are kept between requests
         self._owner: str | None = None  # whose requests filled the caches (None: nobody's yet)
+        self._passes = PassLog()  # the target passes generations timed: gamma auto plans with them too
         # Called with the fraction done while the target's cost profile is measured (its first use
         # with this set-up: seconds to minutes), so a consumer can say why nothing happens yet.
         self.on_profile: Callable[[float], None] | None = None
@@ -465,7 +466,9 @@ class Session:
         """The one cost model for this target and drafter (stored profile; measured on first use)."""
         if drafter is None:
             return None
-        return CostModel.for_target(self.target, drafter.draft_cost_s(), progress=self.on_profile)
+        model = CostModel.for_target(self.target, drafter.draft_cost_s(), progress=self.on_profile)
+        model.calibrate(self._passes)
+        return model
 
     def prepare(self, req: Request) -> tuple[Framed, Engine]:
         """Tokens and an engine for `req` (loads a draft model and the cost profile if needed), so
@@ -515,6 +518,7 @@ class Session:
                 drafter = drafter.inner
             if drafter is not None and drafter not in self._kept.values():
                 drafter.close()
+        self._passes.add(reply.stats.pass_s)
         if engine.costs is not None:
             engine.costs.check_t1(self.target, reply.stats.plain_pass_s)
 
