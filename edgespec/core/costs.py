@@ -132,7 +132,6 @@ class CostModel:
         # where a row count was measured (the curve between sparse points is not known to be
         # linear: just past a multiple of 8 a pass costs a step more, LONG_ROWS).
         self._lengths = [g for g in range(1, gamma_max + 1) if g + 1 <= K_MAX or g + 1 in pass_s]
-        self._slope = float(table[-1] - table[-2]) if table.size > 2 else float(table[-1])
         self.c = float(c)
         self.max_rows = max_rows
         self.target_kind: ModelKind | None = None  # what the target is (for_target): gamma auto's prior
@@ -180,10 +179,13 @@ class CostModel:
         if len(ks) == 1:
             return
         rows = np.arange(base.size)
-        factor = np.interp(rows, ks, corr)  # held at the ends
-        factor[0] = factor[1] = 1.0
-        self._table = base * factor
-        self._slope = float(self._table[-1] - self._table[-2]) if self._table.size > 2 else float(self._table[-1])
+        self._table = base * np.interp(rows, ks, corr)  # held at the ends: 1 up to one row
+
+    @property
+    def _slope(self) -> float:
+        """Seconds a row adds beyond the table (its last step)."""
+        t = self._table
+        return float(t[-1] - t[-2]) if t.size > 2 else float(t[-1])
 
     def seconds(self, rows: int) -> float:
         """T(rows): seconds of one target pass over `rows` rows (beyond the table, along its last slope)."""

@@ -25,7 +25,7 @@ ggml_smallbatch_dot_t ggml_smallbatch_kernel(enum ggml_type type) {
 bool ggml_smallbatch_claims(const struct ggml_tensor * dst) {
     const struct ggml_tensor * src0 = dst->src[0];
     const struct ggml_tensor * src1 = dst->src[1];
-    return src0->extra == NULL && src1->ne[1] >= 1 && src1->ne[1] <= GGML_SMALLBATCH_MAX_BATCH &&
+    return src0->extra == NULL && src1->ne[1] <= GGML_SMALLBATCH_MAX_BATCH &&
            src1->ne[2] == 1 && src1->ne[3] == 1 && ggml_smallbatch_enabled() &&
            ggml_smallbatch_kernel(src0->type) != NULL;
 }
@@ -36,7 +36,7 @@ bool ggml_smallbatch_mul_mat_chunk(const struct ggml_tensor * dst, const void * 
     const struct ggml_tensor * src0 = dst->src[0];
     const struct ggml_tensor * src1 = dst->src[1];
 
-    if (ir1_end - ir1_start < 1 || !ggml_smallbatch_enabled()) {
+    if (ir1_end <= ir1_start || !ggml_smallbatch_enabled()) {
         return false;
     }
     const ggml_smallbatch_dot_t dot = ggml_smallbatch_kernel(src0->type);
