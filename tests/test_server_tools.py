@@ -75,6 +75,35 @@ def test_the_call_streams_as_a_tool_calls_delta(server):
     assert finish == ["tool_calls"]
 
 
+def fenced_exchange(city: str) -> list[dict]:
+    """An exchange whose call the assistant wrote as Qwen2.5-Coder writes its own calls under
+    tool_choice 'auto': the call object in a ```json fence, no tags (the result comes back as text)."""
+    call = json.dumps({"name": "get_weather", "arguments": {"city": city}})
+    return [{"role": "user", "content": f"What is the weather in {city}?"},
+            {"role": "assistant", "content": f"```json\n{call}\n```"},
+            {"role": "user", "content": 'get_weather says: {"temp_c": 18, "sky": "clear"}'},
+            {"role": "assistant", "content": f"It is 18 C and clear in {city}."}]
+
+
+def test_a_call_written_without_tags_is_a_tool_call(server):
+    messages = [*fenced_exchange("Paris"), *fenced_exchange("Berlin"), ASK]
+    plain = create(server, messages, tools=[WEATHER], tool_choice="none").choices[0]
+    assert plain.message.content.startswith("```json\n{") and '"get_weather"' in plain.message.content  # what it writes
+    r = create(server, messages, tools=[WEATHER]).choices[0]
+    assert r.finish_reason == "tool_calls" and not r.message.content
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in r.message.tool_calls] == \
+        [("get_weather", {"city": "London"})]
+    chunks = list(create(server, messages, tools=[WEATHER], stream=True))
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert not content.strip() and [(d.function.name, json.loads(d.function.arguments)) for d in deltas] == \
+        [("get_weather", {"city": "London"})]
+    # an object naming no tool of the request is text
+    other = {"type": "function", "function": {**WEATHER["function"], "name": "get_forecast"}}
+    r = create(server, messages, tools=[other]).choices[0]
+    assert r.message.tool_calls is None and '"get_weather"' in r.message.content
+
+
 def test_a_history_of_calls_and_results_goes_back_through_the_template_with_its_prefix_reused(server):
     first = create(server, [ASK], tools=[WEATHER], max_tokens=8)
     call = {"id": "call_b2", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "London"}'}}

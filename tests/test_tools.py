@@ -65,6 +65,56 @@ def test_streamed_text_that_only_looked_like_a_tag_is_released():
     assert reader.push(" <", done=True) == (" <", [])
 
 
+FENCED = '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Lyon"\n  }\n}\n```'
+NAMES = ("get_weather", "get_time")
+
+
+def test_calls_written_without_the_tags():
+    """Qwen2.5-Coder-1.5B, left to choose (tool_choice 'auto'), answers the weather question with the
+    call in a ```json fence, not in <tool_call> tags: FENCED is its answer, token for token."""
+    for text in (FENCED, FENCED[len("```json\n"):-len("\n```")], "```\n" + FENCED[len("```json\n"):]):
+        content, calls = tools.parse_tool_calls(text, NAMES)
+        assert content is None and [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Lyon"})]
+    content, calls = tools.parse_tool_calls("I'll look both up.\n" + FENCED + "\n" + FENCED.replace("Lyon", "Oslo"), NAMES)
+    assert content == "I'll look both up." and [json.loads(c.arguments)["city"] for c in calls] == ["Lyon", "Oslo"]
+    # without the request's names (or with a name not among them), an object like a call is text
+    assert tools.parse_tool_calls(FENCED) == (FENCED, [])
+    for text in (FENCED.replace("get_weather", "get_weathe"), FENCED.replace("get_weather", "get_weather_now"),
+                 '{"name": "get_weather", "arguments": "not json"}', '{"name": "get_weather", "arguments": [1]}',
+                 'Use `{"name": "get_weather", "arguments": {}}` to ask.',  # not at the start of a line
+                 '```json\n{"name": "get_weather", "argu'):  # cut short: no call
+        assert tools.parse_tool_calls(text, NAMES) == (text, []), text
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 7, 1000])
+def test_streamed_untagged_calls_give_what_the_whole_text_gives(size):
+    text = ("Here is a config:\n```json\n{\"name\": \"build\", \"debug\": true}\n```\n```python\nx = {1: 2}\n```\n"
+            "Checking.\n" + FENCED + "\n" + FENCED.replace("Lyon", "Rome")[len("```json\n"):-len("\n```")] + "\n")
+    reader = tools.ToolCallStream(NAMES)
+    shown, calls = "", []
+    for i in range(0, len(text), size):
+        part, done = reader.push(text[i : i + size])
+        assert '"get_weather"' not in part  # nothing of a call is ever shown
+        shown, calls = shown + part, calls + done
+    part, done = reader.push("", done=True)
+    shown, calls = shown + part, calls + done
+    content, whole = tools.parse_tool_calls(text, NAMES)
+    assert [json.loads(c.arguments)["city"] for c in calls] == ["Lyon", "Rome"]
+    assert shown.strip() == content and [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in whole]
+    assert content.startswith("Here is a config:\n```json\n{\"name\": \"build\"") and content.endswith("Checking.")
+
+
+def test_streamed_code_is_held_only_while_it_may_be_a_call():
+    reader = tools.ToolCallStream(NAMES)
+    assert reader.push("Sure:\n``") == ("Sure:\n", [])  # may open a fence
+    assert reader.push("`py") == ("```py", [])  # a python block: shown at once
+    assert reader.push("thon\n{") == ("thon\n", [])  # a brace at a line's start: held
+    assert reader.push('"a": 1}') == ('{"a": 1}', [])  # its first key is not "name"
+    assert reader.push('\n{"name": "get_w') == ("\n", [])  # the start of a call of get_weather: held
+    assert reader.push('all"') == ('{"name": "get_wall"', [])  # no tool is named so
+    assert reader.push("", done=True) == ("", [])
+
+
 # ----------------------------------------------------------------------------- choices and grammar
 def test_tool_choice_is_checked():
     tools.check_choice([WEATHER], {"type": "function", "function": {"name": "get_weather"}})

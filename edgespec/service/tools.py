@@ -13,7 +13,9 @@ The call format is the one Qwen2.5's and Hermes' chat templates teach their mode
   tool calls it drops become the call text above, `tool` messages it cannot take become user
   messages wrapping the result in <tool_response>.
 - `parse_tool_calls` reads the calls out of a finished answer; `ToolCallStream` out of a streamed
-  one, holding back text that may be the start of a call.
+  one, holding back text that may be the start of a call. Given the request's tool names, both also
+  read the object above without the tags (bare or in a ```json fence), as models write it when the
+  choice is theirs.
 - `tool_call_grammar`: an llguidance (lark) grammar admitting only calls of the given functions
   whose arguments follow each function's JSON schema (tool_choice 'required' or a named function),
   laid out as `response_format` JSON is (`{"key": value, "key": value}`), so its keys and separators
@@ -23,6 +25,7 @@ The call format is the one Qwen2.5's and Hermes' chat templates teach their mode
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -100,13 +103,16 @@ def has_tool_turns(messages: Sequence[dict]) -> bool:
 
 
 # ----------------------------------------------------------------------------- reading calls
-def _read_call(body: str) -> ToolCall | None:
-    """The call in the text between the tags, None when it is not one ({"name": str, "arguments": ...})."""
+def _read_call(body: str, names: Sequence[str] = ()) -> ToolCall | None:
+    """The call in the text between the tags, None when it is not one ({"name": str, "arguments": ...};
+    with `names`, a name among them and arguments that are an object)."""
     try:
         obj = json.loads(body)
     except ValueError:
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return None
+    if names and obj["name"] not in names:
         return None
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):  # some models write the arguments as a JSON string
@@ -114,64 +120,163 @@ def _read_call(body: str) -> ToolCall | None:
             args = json.loads(args)
         except ValueError:
             return None
+    if names and not isinstance(args, dict):
+        return None
     return ToolCall.new(obj["name"], args)
 
 
-def parse_tool_calls(text: str) -> tuple[str | None, list[ToolCall]]:
+def parse_tool_calls(text: str, names: Sequence[str] = ()) -> tuple[str | None, list[ToolCall]]:
     """(the text outside the calls, stripped, None when nothing is left; the calls) of a finished answer.
     A call whose body is no call object stays in the text; a last call whose closing tag never came
-    (the answer ended first) counts when its body is complete."""
-    stream = ToolCallStream()
+    (the answer ended first) counts when its body is complete. With `names` (the request's tools), a
+    call written without the tags also counts (`ToolCallStream`)."""
+    stream = ToolCallStream(names)
     content, calls = stream.push(text, done=True)
     if not calls:
         return text, []
     return content.strip() or None, calls
 
 
+# where a call may open: the tag anywhere; a code fence or a JSON object at the start of a line
+_OPENING = re.compile(r"<tool_call>|(?m:^)[ \t]*(```|\{)")
+_FENCE = re.compile(r"```(?:json)?[ \t]*\n\s*")
+_FENCE_END = "```"
+_WS = " \t\r\n"
+
+
 class ToolCallStream:
     """Reads calls out of text as it streams: `push` returns the text to show now and the calls
-    completed now. Text that may be the start of an opening tag is held back until it is not, a
-    call's text until its closing tag; once a call was made, text between calls that is only white
-    space is not shown."""
+    completed now. Text that may be the start of a call is held back until it is not, a call's text
+    until it is complete; once a call was made, text between calls that is only white space is not
+    shown.
 
-    def __init__(self) -> None:
+    A call is what the template teaches (`<tool_call>` JSON `</tool_call>`) or, given the request's
+    tool `names`, the same JSON object without the tags, alone or in a ```json fence, at the start of
+    a line: `{"name": "<one of names>", "arguments": {...}}`. Qwen2.5-Coder writes its calls that way
+    when the choice is its own (tool_choice 'auto'); llama-server's Hermes parser reads the same forms.
+    The name must be one of the tools', so a JSON example in an answer stays text."""
+
+    def __init__(self, names: Sequence[str] = ()) -> None:
+        self._names = tuple(names)
         self._buf = ""
-        self._in_call = False
+        self._line_start = True  # the held text begins a line
         self.calls = 0  # calls completed so far
 
     def push(self, text: str, done: bool = False) -> tuple[str, list[ToolCall]]:
         self._buf += text
         shown: list[str] = []
         calls: list[ToolCall] = []
-        while True:
-            if not self._in_call:
-                at = self._buf.find(OPEN)
-                if at < 0:
-                    keep = 0 if done else _partial_tail(self._buf, OPEN)
-                    shown.append(self._buf[: len(self._buf) - keep])
-                    self._buf = self._buf[len(self._buf) - keep :]
-                    break
-                shown.append(self._buf[:at])
-                self._buf, self._in_call = self._buf[at + len(OPEN) :], True
-            else:
-                end = self._buf.find(CLOSE)
-                if end < 0:
-                    if done:  # the answer ended inside a call: a complete body still counts
-                        call = _read_call(self._buf)
-                        calls += [call] if call else []
-                        shown += [] if call else [OPEN + self._buf]
-                        self._buf, self._in_call = "", False
-                    break
-                body, self._buf = self._buf[:end], self._buf[end + len(CLOSE) :]
-                self._in_call = False
-                call = _read_call(body)
-                calls += [call] if call else []
-                shown += [] if call else [OPEN + body + CLOSE]
-            if calls or self.calls:
-                shown = [s for s in shown if s.strip()]
+
+        def show(n: int) -> None:
+            if n:
+                shown.append(self._buf[:n])
+                self._line_start = self._buf[n - 1] == "\n"
+                self._buf = self._buf[n:]
+
+        while self._buf:
+            at, kind = self._opening()
+            if at < 0:
+                show(len(self._buf) - (0 if done else self._held_tail()))
+                break
+            show(at)
+            status, used, call = self._read(kind, done)
+            if status == "wait":
+                break
+            if status == "call":
+                calls.append(call)
+                self._buf, self._line_start = self._buf[used:], True
+            else:  # not a call: its opening is text
+                show(used)
+        if calls or self.calls:
+            shown = [t for t in shown if t.strip()]
         self.calls += len(calls)
         out = "".join(shown)
         return ("" if (self.calls and not out.strip()) else out), calls
+
+    def _opening(self) -> tuple[int, str]:
+        """Where the first possible call in the held text opens, and how ('tag', 'fence', 'json')."""
+        for m in _OPENING.finditer(self._buf):
+            if m.group(1) is None:
+                return m.start(), "tag"
+            if self._names and (m.start() > 0 or self._line_start):
+                return m.start(1), "fence" if m.group(1) == "```" else "json"
+        return -1, ""
+
+    def _held_tail(self) -> int:
+        """Length of the end of the held text that may still become an opening."""
+        keep = _partial_tail(self._buf, OPEN)
+        if self._names:
+            line = self._buf.rfind("\n") + 1
+            if line or self._line_start:
+                rest = self._buf[line:].lstrip(" \t")
+                if _FENCE_END.startswith(rest):  # blank so far, or a fence begun
+                    keep = max(keep, len(self._buf) - line)
+        return keep
+
+    def _read(self, kind: str, done: bool) -> tuple[str, int, ToolCall | None]:
+        """What the held text, from an opening, is: ('call', characters used, the call), ('text',
+        characters to show, None), or ('wait', 0, None) until more text comes."""
+        buf = self._buf
+        if kind == "tag":
+            end = buf.find(CLOSE)
+            if end < 0 and not done:
+                return "wait", 0, None
+            body = buf[len(OPEN) : end if end >= 0 else len(buf)]
+            used = end + len(CLOSE) if end >= 0 else len(buf)
+            call = _read_call(body)
+            return ("call", used, call) if call else ("text", used, None)
+        start = 0
+        if kind == "fence":
+            m = _FENCE.match(buf)
+            if m is None or m.end() == len(buf):
+                may = m is not None or _may_open_fence(buf)
+                return ("wait", 0, None) if may and not done else ("text", 1, None)
+            if buf[m.end()] != "{":
+                return "text", 1, None
+            start = m.end()
+        obj = buf[start:]
+        if not _may_open_call(obj, self._names):
+            return "text", 1, None
+        try:
+            value, end = json.JSONDecoder().raw_decode(obj)
+        except ValueError:
+            return ("text", 1, None) if done else ("wait", 0, None)
+        call = _read_call(obj[:end], self._names)
+        if call is None:
+            return "text", 1, None
+        used = start + end
+        if kind == "fence":  # the closing fence, after white space, goes with the call
+            rest = buf[used:]
+            tail = rest.lstrip(_WS)
+            if not done and _FENCE_END.startswith(tail) and len(tail) < len(_FENCE_END):
+                return "wait", 0, None
+            if tail.startswith(_FENCE_END):
+                used += len(rest) - len(tail) + len(_FENCE_END)
+        return "call", used, call
+
+
+def _may_open_fence(text: str) -> bool:
+    """Whether `text` (from a ```) may still become a JSON fence's opening."""
+    body = text[3:]
+    return any(f.startswith(body) for f in ("json", "\n")) or (body.startswith("json") and not body[4:].strip(" \t"))
+
+
+def _may_open_call(text: str, names: Sequence[str]) -> bool:
+    """Whether `text` (from its '{') may be, or still become, the start of {"name": "<one of names>", ..."""
+    i, n = 1, len(text)
+    for literal in ('"name"', ":", '"'):
+        while i < n and text[i] in _WS:
+            i += 1
+        part = text[i : i + len(literal)]
+        if not literal.startswith(part):
+            return False
+        if len(part) < len(literal):
+            return True
+        i += len(literal)
+    end = text.find('"', i)
+    if end < 0:
+        return any(name.startswith(text[i:]) for name in names)
+    return text[i:end] in names
 
 
 def _partial_tail(text: str, tag: str) -> int:

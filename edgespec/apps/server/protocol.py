@@ -570,10 +570,10 @@ class Envelope:
     id: str
     created: int
     model: str
-    tools: bool = False  # the request offered tools: the answer's tool calls are read out of its text
+    tools: tuple[str, ...] = ()  # the tools the request offered: the answer's calls of them are read out of its text
 
     @classmethod
-    def new(cls, kind: Kind, model: str, tools: bool = False) -> Envelope:
+    def new(cls, kind: Kind, model: str, tools: tuple[str, ...] = ()) -> Envelope:
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         return cls(kind, rid, int(time.time()), model, tools)
 
@@ -587,7 +587,7 @@ class Envelope:
         prov = {"tokens": s["tokens"], "sources": s["sources"], "drafted_by": s["drafted_by"],
                 "finish_reason": s["finish"], "framing": s["framing"]}
         if self.kind == "chat":
-            content, calls = tooling.parse_tool_calls(s["text"]) if self.tools else (s["text"], [])
+            content, calls = tooling.parse_tool_calls(s["text"], self.tools) if self.tools else (s["text"], [])
             message: dict[str, Any] = {"role": "assistant", "content": content}
             if calls:
                 message["tool_calls"] = [c.to_openai() for c in calls]
@@ -660,7 +660,7 @@ class Chunks:
 
     def __init__(self, env: Envelope) -> None:
         self.env = env
-        self.reader = tooling.ToolCallStream() if env.tools and env.kind == "chat" else None
+        self.reader = tooling.ToolCallStream(env.tools) if env.tools and env.kind == "chat" else None
         self.offset = 0  # characters of text streamed so far (the completions API's text_offset)
 
     def delta(self, delta: dict) -> list[dict]:
@@ -687,9 +687,9 @@ class Chunks:
         return out
 
 
-def reads_calls(req: Request) -> bool:
-    """Whether the answer to `req` is read for tool calls: it offered the model tools."""
-    return bool(tooling.shown_tools(req.tools, req.tool_choice))
+def call_names(req: Request) -> tuple[str, ...]:
+    """The functions whose calls the answer to `req` is read for: the tools it showed the model."""
+    return tuple(t["function"]["name"] for t in tooling.shown_tools(req.tools, req.tool_choice) or ())
 
 
 def _call_finish(finish: str) -> str:
