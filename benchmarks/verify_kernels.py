@@ -50,8 +50,8 @@ def parse_rows(text: str) -> list[int]:
         if not lo.isdigit() or (sep and not hi.isdigit()):
             raise EdgeSpecError(f"--rows: {part.strip()!r} is not a row count or range like 1-16")
         rows.update(range(int(lo), int(hi) + 1) if sep else {int(lo)})
-    if not rows or min(rows) < 1 or max(rows) > 64:
-        raise EdgeSpecError("--rows: row counts must be between 1 and 64")
+    if not rows or min(rows) < 1 or max(rows) > 512:
+        raise EdgeSpecError("--rows: row counts must be between 1 and 512")
     return sorted(rows)
 
 

@@ -10,7 +10,8 @@ The small-batch kernel modules (native/smallbatch, built by the set-up for the v
 runs) are checked against the unpatched module on the bundled Gemma-3-270M (Q6_K and repacked Q4_K
 tensors): batches of 1, 2 and 3 rows, where the unpatched module runs the per-row kernels that the
 small-batch ones reproduce, must give the same logits bit for bit; batches of 4 and 6, where it
-runs the 4-row Q4_K kernel (its float sums ordered differently), probabilities within 0.15 (a
+runs the 4-row Q4_K kernel (its float sums ordered differently), and of 40 (a prompt's worth, past
+the 32 rows of a verification: the AVX2 build takes those too), probabilities within 0.15 (a
 wrong kernel moves them far more; summation order moves them by hundredths, and can swap a
 near-tie's top token, so that is not asked).
 A module that crashes or fails either is recorded as rejected for this CPU, and the unpatched one
@@ -54,14 +55,14 @@ def _say(msg: str) -> None:
     print(f"\033[1m[setup]\033[0m {msg}", flush=True)
 
 
-BATCHES = (1, 2, 3, 4, 6)  # rows of the successive decodes of the check
+BATCHES = (1, 2, 3, 4, 6, 40)  # rows of the successive decodes of the check (56 in all)
 # Past the per-row batch sizes, the most a token's probability may move between the small-batch and the
 # unpatched module (summation order of the 4-row kernel moves it by hundredths; a wrong kernel far more).
 PROB_TOLERANCE = 0.15
 
 
 def child(mode: str, model_path: str, logits_out: str | None = None) -> int:
-    """Load the model with the chosen kernels and decode batches of 1, 2, 3, 4 and 6 rows; with
+    """Load the model with the chosen kernels and decode batches of BATCHES rows; with
     `logits_out`, save every row's logits there (.npy) for the parent to compare."""
     import numpy as np
 
@@ -69,8 +70,10 @@ def child(mode: str, model_path: str, logits_out: str | None = None) -> int:
     runtime.set_mode(mode)
     model = runtime.Model(model_path, n_ctx=256, n_batch=64, flash_attn="off" if mode == "exact" else "auto",
                           repack=mode != "exact", device=backend.CPU_DEVICE)
-    toks = model.tokenize("The quick brown fox jumps over the lazy dog. It was not amused, and it said so at length.",
-                          add_special=True)
+    toks = model.tokenize("The quick brown fox jumps over the lazy dog. It was not amused, and it said so at length. "
+                          "The fox, who had heard it all before, went on to the river, drank, and slept under "
+                          "an old oak until the evening bells of the village rang seven times.", add_special=True)
+    assert len(toks) >= sum(BATCHES), len(toks)
     rows, at = [], 0
     for k in BATCHES:
         rows.append(np.array(model.decode(toks[at : at + k], n_logits=k)))

@@ -25,6 +25,14 @@ extern "C" {
 // tiled and 4-row kernels made a pass over 17 rows cost far more than one over 16 (docs/kernels.md)
 #define GGML_SMALLBATCH_MAX_BATCH 32
 #define GGML_SMALLBATCH_MAX_WROWS 4   // weight rows one per-row-layout kernel call takes
+// activation rows the repacked-Q4_K path takes (repack.patch). Its AVX2 kernel (no VNNI, no AVX-512)
+// ran 2.3-2.5x faster per activation row than ggml's 4-row gemm on an AVX2 Zen 3 (docs/kernels.md),
+// so there it takes every batch, prompts included; elsewhere, unmeasured against ggml's gemm, MAX_BATCH.
+#if defined(__AVX2__) && !defined(__AVX512F__) && !defined(__AVXVNNI__)
+#define GGML_SMALLBATCH_Q4_K_MAX_BATCH INT64_MAX
+#else
+#define GGML_SMALLBATCH_Q4_K_MAX_BATCH GGML_SMALLBATCH_MAX_BATCH
+#endif
 
 // s[w * bs + c] = dot(weight row w, vy[c]) for w < nw (1 <= nw <= GGML_SMALLBATCH_MAX_WROWS) and
 // c < nc (1 <= nc <= GGML_SMALLBATCH_MAX_COLS); n values per row, weight row w of the weight type
