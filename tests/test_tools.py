@@ -43,19 +43,26 @@ def test_text_that_is_no_call_stays_text():
     assert tools.parse_tool_calls(cut) == (cut, [])
 
 
-@pytest.mark.parametrize("size", [1, 2, 3, 5, 7, 1000])
-def test_streamed_text_gives_what_the_whole_text_gives(size):
-    text = "Checking both.\n" + CALL + "\n" + CALL.replace("Paris", "Rome") + "\n"
-    reader = tools.ToolCallStream()
+def streamed(text: str, size: int, hidden: str, names: tuple[str, ...] = ()) -> tuple[str, list]:
+    """`text` pushed through a ToolCallStream `size` characters at a time: (the text shown, the calls),
+    checking that `hidden` never shows; the calls and text must be what the whole text gives."""
+    reader = tools.ToolCallStream(names)
     shown, calls = "", []
     for i in range(0, len(text), size):
         part, done = reader.push(text[i : i + size])
-        assert "<" not in part  # nothing of a tag is ever shown
+        assert hidden not in part
         shown, calls = shown + part, calls + done
     part, done = reader.push("", done=True)
     shown, calls = shown + part, calls + done
-    content, whole = tools.parse_tool_calls(text)
+    content, whole = tools.parse_tool_calls(text, names)
     assert shown.strip() == content and [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in whole]
+    return content, calls
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 7, 1000])
+def test_streamed_text_gives_what_the_whole_text_gives(size):
+    text = "Checking both.\n" + CALL + "\n" + CALL.replace("Paris", "Rome") + "\n"
+    streamed(text, size, "<")  # nothing of a tag is ever shown
 
 
 def test_streamed_text_that_only_looked_like_a_tag_is_released():
@@ -90,17 +97,8 @@ def test_calls_written_without_the_tags():
 def test_streamed_untagged_calls_give_what_the_whole_text_gives(size):
     text = ("Here is a config:\n```json\n{\"name\": \"build\", \"debug\": true}\n```\n```python\nx = {1: 2}\n```\n"
             "Checking.\n" + FENCED + "\n" + FENCED.replace("Lyon", "Rome")[len("```json\n"):-len("\n```")] + "\n")
-    reader = tools.ToolCallStream(NAMES)
-    shown, calls = "", []
-    for i in range(0, len(text), size):
-        part, done = reader.push(text[i : i + size])
-        assert '"get_weather"' not in part  # nothing of a call is ever shown
-        shown, calls = shown + part, calls + done
-    part, done = reader.push("", done=True)
-    shown, calls = shown + part, calls + done
-    content, whole = tools.parse_tool_calls(text, NAMES)
+    content, calls = streamed(text, size, '"get_weather"', NAMES)  # nothing of a call is ever shown
     assert [json.loads(c.arguments)["city"] for c in calls] == ["Lyon", "Rome"]
-    assert shown.strip() == content and [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in whole]
     assert content.startswith("Here is a config:\n```json\n{\"name\": \"build\"") and content.endswith("Checking.")
 
 
