@@ -103,13 +103,18 @@ def has_tool_turns(messages: Sequence[dict]) -> bool:
 
 
 # ----------------------------------------------------------------------------- reading calls
-def _read_call(body: str, names: Sequence[str] = ()) -> ToolCall | None:
-    """The call in the text between the tags, None when it is not one ({"name": str, "arguments": ...};
-    with `names`, a name among them and arguments that are an object)."""
+def _read_call(body: str) -> ToolCall | None:
+    """The call in the text between the tags, None when it is not one (`_call_of`)."""
     try:
         obj = json.loads(body)
     except ValueError:
         return None
+    return _call_of(obj)
+
+
+def _call_of(obj: Any, names: Sequence[str] = ()) -> ToolCall | None:
+    """The call a parsed JSON value is, None when it is not one ({"name": str, "arguments": ...};
+    with `names`, a name among them and arguments that are an object)."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         return None
     if names and obj["name"] not in names:
@@ -241,7 +246,7 @@ class ToolCallStream:
             value, end = json.JSONDecoder().raw_decode(obj)
         except ValueError:
             return ("text", 1, None) if done else ("wait", 0, None)
-        call = _read_call(obj[:end], self._names)
+        call = _call_of(value, self._names)
         if call is None:
             return "text", 1, None
         used = start + end
