@@ -7,7 +7,9 @@
         [--open-prompts 3]
 
 Each model is loaded twice, in two child processes: one runs the small-batch kernel modules the
-set-up built (native/smallbatch), the other the unpatched llama.cpp modules (EDGESPEC_KERNELS=stock).
+set-up built (native/smallbatch), the other the unpatched llama.cpp modules (EDGESPEC_KERNELS=stock),
+or, with --baseline DIR and/or --baseline-env NAME=VALUE, an earlier build of the small-batch modules
+or the same ones with a variable set (GGML_SMALLBATCH_512=0: their 256-bit forms).
 The parent asks them for one round at a time, alternating, so that machine noise hits both alike; a
 round times one pass over K rows (logits on every row, `--at` tokens of context before them) for
 every K. The table gives medians over rounds: T(1) in ms, T(K)/T(1) for both, and the patched pass's
@@ -116,9 +118,11 @@ def runtime_info() -> dict:
 class Child:
     def __init__(self, model: str, kernels: str, args: argparse.Namespace, e2e: bool = False) -> None:
         env = {**os.environ}
-        if kernels == "stock" and args.baseline:  # another build of the small-batch kernels
+        if kernels == "stock" and (args.baseline or args.baseline_env):  # another build or setting of the kernels
             env.pop("EDGESPEC_KERNELS", None)
-            env["EDGESPEC_KERNEL_MODULES"] = args.baseline
+            if args.baseline:
+                env["EDGESPEC_KERNEL_MODULES"] = args.baseline
+            env.update(baseline_env(args))
         elif kernels == "stock":
             env["EDGESPEC_KERNELS"] = "stock"
         else:
@@ -244,7 +248,18 @@ def measure_e2e(model: str, args: argparse.Namespace) -> None:
 
 def _base(args: argparse.Namespace) -> str:
     """What the second kernel set is called in the tables: the unpatched modules, or --baseline's."""
-    return "baseline" if args.baseline else "stock"
+    return "baseline" if args.baseline or args.baseline_env else "stock"
+
+
+def baseline_env(args: argparse.Namespace) -> dict[str, str]:
+    """--baseline-env NAME=VALUE ...: what the baseline child's environment adds."""
+    out = {}
+    for item in args.baseline_env:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip() or name != name.strip():
+            raise EdgeSpecError(f"--baseline-env {item!r}: write NAME=VALUE, e.g. GGML_SMALLBATCH_512=0")
+        out[name] = value
+    return out
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -269,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", default="1-16", help="row counts to time, e.g. 1-16 or 1,2,4,8")
     ap.add_argument("--baseline", default=None, metavar="DIR",
                     help="compare with the small-batch modules in DIR (an earlier build) instead of the unpatched ones")
+    ap.add_argument("--baseline-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="run the baseline with the small-batch modules (or --baseline's) and this variable set, "
+                         "e.g. GGML_SMALLBATCH_512=0 for their 256-bit forms; repeatable")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--flash-attn", choices=["auto", "on", "off"], default="off")
@@ -291,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def run() -> int:
         parse_rows(args.rows)
+        baseline_env(args)
         for model in [m.strip() for m in args.models.split(",") if m.strip()]:
             (measure_e2e if args.e2e else measure)(model, args)
         return 0

@@ -119,6 +119,31 @@ def test_q6_k_kernel_equals_vec_dot_for_every_batch_size(gemma_path, tmp_path):
     assert float(np.max(np.abs(got - ref))) == 0.0
 
 
+def _cpu_runs_512_bit_kernels() -> bool:
+    """Whether this CPU runs the AVX-512 module, whose kernels have 512-bit forms (GGML_SMALLBATCH_512)."""
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return False
+    return {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= set(flags.split(":", 1)[1].split())
+
+
+@needs_kernels
+@pytest.mark.skipif(not _cpu_runs_512_bit_kernels(), reason="no AVX-512 VNNI here: the module has only 256-bit kernels")
+def test_512_bit_kernels_give_the_256_bit_ones_logits_bit_for_bit(gemma_path, tmp_path):
+    """The 512-bit Q4_K and Q6_K kernels (taken by default where the CPU runs them at full width, AMD
+    Zen 5) compute every row with the per-row kernels' integers and float steps, as the 256-bit ones
+    do: the logits of every batch in KS are the same bits either way, with the repacked Q4_K path and
+    with the Q6_K kernel (tiled path and repacking off)."""
+    for repack, env in ((True, {}), (False, {"GGML_CPU_TILED_MM": "0"})):
+        wide, wide_info = _logits(gemma_path, tmp_path / "wide.npy", "smallbatch", {**env, "GGML_SMALLBATCH_512": "yes"},
+                                  repack=repack)
+        narrow, narrow_info = _logits(gemma_path, tmp_path / "narrow.npy", "smallbatch",
+                                      {**env, "GGML_SMALLBATCH_512": "no"}, repack=repack)
+        assert (wide_info["kernel_bits"], narrow_info["kernel_bits"]) == (512, 256)  # the module says which ran
+        assert float(np.max(np.abs(wide - narrow))) == 0.0, f"repack={repack}: the 512-bit kernels' logits differ"
+
+
 @needs_kernels
 def test_fast_mode_runs_the_small_batch_modules_and_stock_is_one_switch_away(smollm2):
     info = runtime.backend_info()
@@ -169,3 +194,16 @@ def test_benchmark_rows_parse_and_refuse_nonsense():
     for bad in ("", "0-3", "a", "1-", "513"):
         with pytest.raises(EdgeSpecError):
             parse_rows(bad)
+
+
+def test_benchmark_baseline_env_is_name_value():
+    import argparse
+
+    from benchmarks.verify_kernels import baseline_env
+    from edgespec.runtime.errors import EdgeSpecError
+
+    ns = argparse.Namespace(baseline_env=["GGML_SMALLBATCH_512=0", "X=a=b"])
+    assert baseline_env(ns) == {"GGML_SMALLBATCH_512": "0", "X": "a=b"}
+    for bad in ("GGML_SMALLBATCH_512", "=1", " X=1"):
+        with pytest.raises(EdgeSpecError, match="NAME=VALUE"):
+            baseline_env(argparse.Namespace(baseline_env=[bad]))

@@ -112,10 +112,13 @@ class Backend:
     others: list[str] = field(default_factory=list)  # GPU/accelerator backends loaded beside it
     cpu: Cpu = field(default_factory=this_cpu)
     kernels: str = "stock"  # 'smallbatch' when the small-batch kernels run (their module, GGML_CPU_SMALLBATCH not off)
+    # vector width in bits of the small-batch kernels that run: 512 where the module has 512-bit forms
+    # and the CPU runs them at full width (or GGML_SMALLBATCH_512 says so), else 256; None for stock
+    kernel_bits: int | None = None
 
     def to_dict(self) -> dict:
         return {"mode": self.mode, "cpu_variant": self.variant, "kernels": self.kernels,
-                "gpu_backends": self.others, "cpu": self.cpu.model}
+                "kernel_bits": self.kernel_bits, "gpu_backends": self.others, "cpu": self.cpu.model}
 
 
 def lib_dir() -> Path:
@@ -305,6 +308,7 @@ def load(llama: ModuleType, mode: str = "fast") -> Backend:
         choice = ranked[0][:2]
     kernels = "stock"
     switch = env.normalize_smallbatch_switch()  # GGML_CPU_SMALLBATCH=0 runs the patched module unpatched
+    env.normalize_smallbatch_512()  # GGML_SMALLBATCH_512: their 512-bit forms or the 256-bit ones
     if mode == "fast" and (patched := _kernel_module(choice[0], cpu.signature, manifest)) is not None:
         choice, kernels = (choice[0], patched), "smallbatch" if switch else "stock"
     if forced and unchecked:
@@ -346,6 +350,15 @@ def _register_unchecked(ggml: ctypes.CDLL, path: Path) -> None:
     ggml.ggml_backend_register.argtypes = [ctypes.c_void_p]
     ggml.ggml_backend_register(mod.ggml_backend_init())
     _unchecked.append(mod)
+
+
+def kernel_bits(kernels: str, system_info: str) -> int | None:
+    """The small-batch kernels' vector width, as the loaded CPU module reports it in llama.cpp's
+    feature string (SMALLBATCH_512 = 1: their 512-bit forms); None when they do not run."""
+    if kernels != "smallbatch":
+        return None
+    features = {name.strip(): val.strip() for name, _, val in (p.partition(" = ") for p in system_info.split("|"))}
+    return 512 if features.get("SMALLBATCH_512") == "1" else 256
 
 
 def check_builtin_features(system_info: str, cpu: Cpu, manifest: dict) -> None:

@@ -199,6 +199,7 @@ def lib() -> ModuleType:
         with _CCall():
             _backend = backend.load(llama_cpp, _mode)
             llama_cpp.llama_backend_init()
+            _backend.kernel_bits = backend.kernel_bits(_backend.kernels, llama_cpp.llama_print_system_info().decode())
         _lib = llama_cpp
         _check_interrupt()
     return _lib

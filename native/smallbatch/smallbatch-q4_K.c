@@ -32,6 +32,9 @@ _Static_assert(sizeof(sb_block_q4_Kx8) == 16 * sizeof(ggml_half) + 8 * K_SCALE_S
 // Blocks of eight rows ahead that the weight stream is prefetched (2,304 bytes), as in the Q6_K
 // kernel and for the same reason (smallbatch-q6_K.c): the groups of eight rows of a call are contiguous.
 #define SB_Q4_KX8_PREFETCH 2
+// The 512-bit kernel (AMD Zen 5) goes through its weights about twice as fast and prefetches 6 blocks
+// (6,912 bytes) ahead: at 2 its passes over several rows waited on memory (4-12 were alike; docs/kernels.md).
+#define SB_Q4_KX8_PREFETCH_512 6
 
 // acc + the sums of 4 products of unsigned (a) and signed (b) bytes per 32-bit lane; exact
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
@@ -314,27 +317,147 @@ static inline __attribute__((always_inline)) void sb_q4_Kx8_q8_K_avx2(int n, flo
 #define SB_Q4_KX8_KERNEL sb_q4_Kx8_q8_K
 #endif
 
-#define SB_Q4_KX8_NR(NR) \
-    static void sb_q4_Kx8_q8_K_##NR(int n, float * s, size_t bs, const void * vx, const void * const * vy, int nc) { \
-        SB_Q4_KX8_KERNEL(n, s, bs, vx, vy, NR, nc); \
-    }
-SB_Q4_KX8_NR(1) SB_Q4_KX8_NR(2) SB_Q4_KX8_NR(3) SB_Q4_KX8_NR(4)
-SB_Q4_KX8_NR(5) SB_Q4_KX8_NR(6) SB_Q4_KX8_NR(7) SB_Q4_KX8_NR(8)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+// 512-bit form, for CPUs that run 512-bit vpdpbusd at full width (AMD Zen 5: two a cycle, as many as
+// 256-bit ones; Zen 4 splits them in two halves). There the multiplies are cheap enough that the
+// kernel's time follows its count of vector instructions of every kind, so it is written for few:
+// * The interleaved layout is used as it is: one 64-byte load holds the same 8 bytes (16 weights: 8 of
+//   sub-block 2sb in the low nibbles, 8 of 2sb+1 in the high ones) of each of the eight rows, a 64-bit
+//   lane a row, in natural order. Each activation row broadcasts its matching 8 bytes to every 64-bit
+//   lane (vpbroadcastq from memory: a load) and one dpbusd gives, per row, the sums of weights 0-3 (even
+//   32-bit lane) and 4-7 (odd lane). No regrouping shuffles.
+// * A sub-block's sum per lane (16 products of a 4-bit code and an int8) lies within +-30,720, an int16,
+//   so its 6-bit scale is applied by one dpwssd into the row's int32 sum (the scale in the low half of
+//   each 32-bit lane, 0 in the high one), not a 32-bit multiply and two adds.
+// * The mins' products are taken once per super-block: the eight rows' 8 mins as int16 pairs in two
+//   vectors, against the activation row's sub-block sums (computed once per call, not per group of
+//   rows) in two dpwssd.
+// * The two lanes of a row are added once per super-block, the sums and the mins' products side by side
+//   in one vector, so one conversion and one fma per row take both to float.
+// Per row the same int32 sums and the same float steps as ggml_gemv_q4_K_8x8_q8_K, in the same
+// lanes: bit-identical (native/smallbatch/bench).
+static inline __attribute__((always_inline)) void sb_q4_Kx8_q8_K_512(int n, float * s, size_t bs, const void * vx,
+                                                                     const void * const * vy, const int nr, int nc) {
+    const int nb = n / QK_K;
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    // each row's scale byte twice, for the row's two 32-bit lanes
+    const __m128i dup_rows = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    // lanes 2i and 2i+1 of the mins' vectors: row i's (min 4h, min 4h+1) and (min 4h+2, min 4h+3)
+    const __m512i mins_pairs = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    // the low 32 bits of each 64-bit lane of the sums (0-7) and of the mins' products (8-15)
+    const __m512i low_dwords = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
 
-static void sb_q4_Kx8_q8_K_nr(int n, float * s, size_t bs, const void * vx, const void * const * vy, int nr, int nc) {
-    switch (nr) {
-        case 1: sb_q4_Kx8_q8_K_1(n, s, bs, vx, vy, nc); break;
-        case 2: sb_q4_Kx8_q8_K_2(n, s, bs, vx, vy, nc); break;
-        case 3: sb_q4_Kx8_q8_K_3(n, s, bs, vx, vy, nc); break;
-        case 4: sb_q4_Kx8_q8_K_4(n, s, bs, vx, vy, nc); break;
-        case 5: sb_q4_Kx8_q8_K_5(n, s, bs, vx, vy, nc); break;
-        case 6: sb_q4_Kx8_q8_K_6(n, s, bs, vx, vy, nc); break;
-        case 7: sb_q4_Kx8_q8_K_7(n, s, bs, vx, vy, nc); break;
-        default: sb_q4_Kx8_q8_K_8(n, s, bs, vx, vy, nc); break;
+    // per activation row and super-block: the sums of its 8 sub-blocks as int16 (lane s of a 128-bit
+    // vector: sub-blocks 2s and 2s+1), the same for every group of weight rows, so made once a call
+    __m128i * ps = (__m128i *) __builtin_alloca(sizeof(__m128i) * (size_t) nr * (size_t) nb);
+    for (int r = 0; r < nr; ++r) {
+        for (int b = 0; b < nb; ++b) {
+            const __m256i bsums = _mm256_loadu_si256((const __m256i *) ((const block_q8_K *) vy[r] + b)->bsums);
+            ps[r * nb + b] = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
+        }
+    }
+
+    for (int x = 0; x < nc / 8; ++x) {
+        const sb_block_q4_Kx8 * w = (const sb_block_q4_Kx8 *) vx + (size_t) x * nb;
+        __m512 acc[GGML_SMALLBATCH_MAX_COLS];  // per row: the gemv's acc (low half) and acc_min (high half)
+        for (int r = 0; r < nr; ++r) {
+            acc[r] = _mm512_setzero_ps();
+        }
+        for (int b = 0; b < nb; ++b) {
+            for (int l = 0; l < (int) sizeof(sb_block_q4_Kx8); l += 256) {  // 1,152 bytes
+                GGML_SMALLBATCH_PREFETCH_256((const char *) (w + b + SB_Q4_KX8_PREFETCH_512) + l);
+            }
+            const __m512 d_dmin = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) w[b].d))),
+                                                     _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) w[b].dmin)), 1);
+            __m512i isum[GGML_SMALLBATCH_MAX_COLS];  // row i in lanes 2i (weights 0-3 of each 8) and 2i+1 (4-7)
+            for (int r = 0; r < nr; ++r) {
+                isum[r] = _mm512_setzero_si512();
+            }
+            __m256i mins[QK_K / 64];  // row i's (min 2sb, min 2sb+1) as int16 in lane i
+            for (int sb = 0; sb < QK_K / 64; ++sb) {
+                // q[h][j]: sub-block 2sb+h, weights 8j..8j+7 of each row
+                __m512i q[2][4];
+                const uint8_t * qs = w[b].qs + sb * 256;
+                for (int j = 0; j < 4; ++j) {
+                    const __m512i v = _mm512_loadu_si512((const void *) (qs + 64 * j));
+                    q[0][j] = _mm512_and_si512(v, m4);
+                    q[1][j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                }
+                const __m256i sm  = sb_scales_mins(w[b].scales + 24 * sb);
+                const __m128i sm0 = _mm256_castsi256_si128(sm);
+                const __m128i sm1 = _mm256_extracti128_si256(sm, 1);
+                const __m512i sc0 = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(sm0, dup_rows));
+                const __m512i sc1 = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(sm1, dup_rows));
+                mins[sb] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(_mm_shuffle_epi32(sm0, 0x4e), _mm_shuffle_epi32(sm1, 0x4e)));
+
+                for (int r = 0; r < nr; ++r) {
+                    const int8_t * a = ((const block_q8_K *) vy[r] + b)->qs + sb * 64;
+                    int64_t a8[8];
+                    memcpy(a8, a, sizeof(a8));
+                    __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[0][0], _mm512_set1_epi64(a8[0]));
+                    __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[1][0], _mm512_set1_epi64(a8[4]));
+                    for (int j = 1; j < 4; ++j) {
+                        s0 = _mm512_dpbusd_epi32(s0, q[0][j], _mm512_set1_epi64(a8[j]));
+                        s1 = _mm512_dpbusd_epi32(s1, q[1][j], _mm512_set1_epi64(a8[4 + j]));
+                    }
+                    isum[r] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(isum[r], s0, sc0), s1, sc1);
+                }
+            }
+            const __m512i mins01 = _mm512_permutex2var_epi32(_mm512_castsi256_si512(mins[0]), mins_pairs, _mm512_castsi256_si512(mins[1]));
+            const __m512i mins23 = _mm512_permutex2var_epi32(_mm512_castsi256_si512(mins[2]), mins_pairs, _mm512_castsi256_si512(mins[3]));
+            for (int r = 0; r < nr; ++r) {
+                const __m128i p = ps[r * nb + b];
+                __m512i imin = _mm512_dpwssd_epi32(_mm512_setzero_si512(), mins01, _mm512_broadcastq_epi64(p));
+                imin = _mm512_dpwssd_epi32(imin, mins23, _mm512_broadcastq_epi64(_mm_unpackhi_epi64(p, p)));
+                // each row's two lanes added (the low 32 bits of each 64-bit lane), sums then mins' products
+                const __m512i both = _mm512_permutex2var_epi32(_mm512_add_epi32(isum[r], _mm512_srli_epi64(isum[r], 32)), low_dwords,
+                                                               _mm512_add_epi32(imin, _mm512_srli_epi64(imin, 32)));
+                const __m512 yd = _mm512_set1_ps(((const block_q8_K *) vy[r] + b)->d);
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(both), _mm512_mul_ps(d_dmin, yd), acc[r]);
+            }
+        }
+        for (int r = 0; r < nr; ++r) {
+            _mm256_storeu_ps(s + r * bs + x * 8, _mm256_sub_ps(_mm512_castps512_ps256(acc[r]), _mm512_extractf32x8_ps(acc[r], 1)));
+        }
     }
 }
+#define SB_Q4_KX8_512 1
+#endif
+
+// One function per number of activation rows (a constant there, so the row loops unroll and the
+// accumulators stay in registers), and a switch over them.
+#define SB_Q4_KX8_NR(KERNEL, NAME, NR) \
+    static void NAME##_##NR(int n, float * s, size_t bs, const void * vx, const void * const * vy, int nc) { \
+        KERNEL(n, s, bs, vx, vy, NR, nc); \
+    }
+#define SB_Q4_KX8_SWITCH(KERNEL, NAME) \
+    SB_Q4_KX8_NR(KERNEL, NAME, 1) SB_Q4_KX8_NR(KERNEL, NAME, 2) SB_Q4_KX8_NR(KERNEL, NAME, 3) \
+    SB_Q4_KX8_NR(KERNEL, NAME, 4) SB_Q4_KX8_NR(KERNEL, NAME, 5) SB_Q4_KX8_NR(KERNEL, NAME, 6) \
+    SB_Q4_KX8_NR(KERNEL, NAME, 7) SB_Q4_KX8_NR(KERNEL, NAME, 8) \
+    static void NAME(int n, float * s, size_t bs, const void * vx, const void * const * vy, int nr, int nc) { \
+        switch (nr) { \
+            case 1: NAME##_1(n, s, bs, vx, vy, nc); break; \
+            case 2: NAME##_2(n, s, bs, vx, vy, nc); break; \
+            case 3: NAME##_3(n, s, bs, vx, vy, nc); break; \
+            case 4: NAME##_4(n, s, bs, vx, vy, nc); break; \
+            case 5: NAME##_5(n, s, bs, vx, vy, nc); break; \
+            case 6: NAME##_6(n, s, bs, vx, vy, nc); break; \
+            case 7: NAME##_7(n, s, bs, vx, vy, nc); break; \
+            default: NAME##_8(n, s, bs, vx, vy, nc); break; \
+        } \
+    }
+
+SB_Q4_KX8_SWITCH(SB_Q4_KX8_KERNEL, sb_q4_Kx8_q8_K_nr)
+#ifdef SB_Q4_KX8_512
+SB_Q4_KX8_SWITCH(sb_q4_Kx8_q8_K_512, sb_q4_Kx8_q8_K_512_nr)
+#endif
 
 ggml_smallbatch_gemm_t ggml_smallbatch_q4_Kx8(void) {
+#ifdef SB_Q4_KX8_512
+    if (ggml_smallbatch_512()) {
+        return sb_q4_Kx8_q8_K_512_nr;
+    }
+#endif
     return sb_q4_Kx8_q8_K_nr;
 }
 

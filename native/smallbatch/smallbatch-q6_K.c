@@ -35,6 +35,10 @@
 // (docs/kernels.md). A prefetch past the last weight row is only a hint (it never faults), and the
 // rows of a chunk are contiguous, so near a row's end this fetches the next row's start.
 #define SB_Q6_K_PREFETCH 4
+// The 512-bit kernel (AMD Zen 5) prefetches 16 super-blocks (3,360 bytes) ahead: at 4 its 2- to 8-row
+// passes over the real 1.5B waited on memory far more than they computed (perf: the Q6_K kernel at 2 rows
+// 1.7x its 1-row time, where in cache it takes 1.4x); 16-32 were alike (docs/kernels.md).
+#define SB_Q6_K_PREFETCH_512 16
 
 // A super-block's 8 code vectors and 8 scale vectors take all 16 of AVX2's vector registers, and with
 // them in registers for every activation row GCC spilled and reloaded them row after row: on AVX2
@@ -151,32 +155,121 @@ static inline __attribute__((always_inline)) void sb_q6_K_q8_K(int n, float * s,
     }
 }
 
-#define SB_Q6_K_NC(NC) \
-    static void sb_q6_K_q8_K_##NC(int n, float * s, const void * vx, const void * const * vy) { \
-        sb_q6_K_q8_K(n, s, vx, vy, NC); \
-    }
-SB_Q6_K_NC(1) SB_Q6_K_NC(2) SB_Q6_K_NC(3) SB_Q6_K_NC(4)
-SB_Q6_K_NC(5) SB_Q6_K_NC(6) SB_Q6_K_NC(7) SB_Q6_K_NC(8)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+// 512-bit form, for CPUs that run 512-bit multiplies at full width (ggml_smallbatch_512: AMD Zen 5). A
+// super-block's codes are 4 vectors of 64, each two of the 256-bit kernel's (the pair whose activations
+// follow each other), and its scales 4 vectors (a 16-bit scale over each 128-bit lane: 16 weights);
+// each activation row then needs 4 maddubs and 4 dpwssd instead of 8 and 8. The high 256 bits of a
+// row's sum are added to the low ones once per super-block: lane j again sums exactly the integers of
+// lane j of ggml_vec_dot_q6_K_q8_K, and the float steps are the same, so results are bit-identical.
+static inline __attribute__((always_inline)) void sb_q6_K_q8_K_512(int n, float * s, const void * vx,
+                                                                   const void * const * vy, const int nc) {
+    const block_q6_K * x = (const block_q6_K *) vx;
+    const int nb = n / QK_K;
 
-static void sb_q6_K_q8_K_nc(int n, float * s, size_t bs, const void * vx, size_t bx, int nw,
-                            const void * const * vy, int nc) {
-    for (int w = 0; w < nw; ++w) {
-        const void * x = (const char *) vx + w * bx;
-        float * sw = s + w * bs;
-        switch (nc) {
-            case 1: sb_q6_K_q8_K_1(n, sw, x, vy); break;
-            case 2: sb_q6_K_q8_K_2(n, sw, x, vy); break;
-            case 3: sb_q6_K_q8_K_3(n, sw, x, vy); break;
-            case 4: sb_q6_K_q8_K_4(n, sw, x, vy); break;
-            case 5: sb_q6_K_q8_K_5(n, sw, x, vy); break;
-            case 6: sb_q6_K_q8_K_6(n, sw, x, vy); break;
-            case 7: sb_q6_K_q8_K_7(n, sw, x, vy); break;
-            default: sb_q6_K_q8_K_8(n, sw, x, vy); break;
+    const __m512i m15 = _mm512_set1_epi8(15);
+    const __m512i m48 = _mm512_set1_epi8(48);
+    // the high 2 bits of codes 0-31 | 32-63 (shifted left 4 | 2 within 16-bit words: what crosses a
+    // byte lands outside bits 4-5) and of 64-95 | 96-127 (shifted right 0 | 2)
+    const __m512i shl01 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i shr23 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    // word t of scale vector m: scale 4m + t/8
+    static const uint16_t sc_lane[32] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                         2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3};
+    const __m512i sc_base = _mm512_loadu_si512((const void *) sc_lane);
+
+    __m256 acc[GGML_SMALLBATCH_MAX_COLS];
+    for (int c = 0; c < nc; ++c) {
+        acc[c] = _mm256_setzero_ps();
+    }
+
+    for (int i = 0; i < nb; ++i) {
+        const float xd = GGML_CPU_FP16_TO_FP32(x[i].d);
+        GGML_SMALLBATCH_PREFETCH_256((const char *) (x + i + SB_Q6_K_PREFETCH_512));
+
+        const __m256i scales_16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *) x[i].scales));
+        const __m512i scales_z  = _mm512_castsi256_si512(scales_16);
+        // -32 x the scales (within int16): each row's offset term is then one madd, the same integers
+        // as -(madd(bsums, scales) << 5)
+        const __m256i scales_m32 = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(scales_16, 5));
+
+        __m512i q[4];   // codes 64m..64m+63 as unsigned bytes, in the order of the activations
+        __m512i sc[4];  // their 16-bit scales
+        for (int h = 0; h < 2; ++h) {
+            const __m512i bits  = _mm512_loadu_si512((const void *) (x[i].ql + 64 * h));
+            const __m512i bitsH = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *) (x[i].qh + 32 * h)));
+            const __m512i h01 = _mm512_and_si512(_mm512_sllv_epi16(bitsH, shl01), m48);
+            const __m512i h23 = _mm512_and_si512(_mm512_srlv_epi16(bitsH, shr23), m48);
+            q[2 * h + 0] = _mm512_or_si512(_mm512_and_si512(bits, m15), h01);
+            q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(bits, 4), m15), h23);
+        }
+        for (int m = 0; m < 4; ++m) {
+            sc[m] = _mm512_permutexvar_epi16(_mm512_add_epi16(sc_base, _mm512_set1_epi16(4 * m)), scales_z);
+        }
+
+        for (int c = 0; c < nc; ++c) {
+            const block_q8_K * y = (const block_q8_K *) vy[c] + i;
+            const __m256i q8sums = _mm256_loadu_si256((const __m256i *) y->bsums);
+            // begun with the -32 offset of every code, in the low 256 bits: -32 * sum_k scale_k * bsum_k
+            __m512i sum0 = _mm512_zextsi256_si512(_mm256_madd_epi16(q8sums, scales_m32));
+            __m512i sum1 = _mm512_setzero_si512();
+            for (int m = 0; m < 4; m += 2) {
+                const __m512i p0 = _mm512_maddubs_epi16(q[m + 0], _mm512_loadu_si512((const void *) (y->qs + 64 * m)));
+                const __m512i p1 = _mm512_maddubs_epi16(q[m + 1], _mm512_loadu_si512((const void *) (y->qs + 64 * m + 64)));
+                sum0 = _mm512_dpwssd_epi32(sum0, sc[m + 0], p0);
+                sum1 = _mm512_dpwssd_epi32(sum1, sc[m + 1], p1);
+            }
+            const __m512i sum = _mm512_add_epi32(sum0, sum1);
+            const __m256i isum = _mm256_add_epi32(_mm512_castsi512_si256(sum), _mm512_extracti64x4_epi64(sum, 1));
+            const float d = y->d * xd;
+            acc[c] = _mm256_fmadd_ps(_mm256_broadcast_ss(&d), _mm256_cvtepi32_ps(isum), acc[c]);
         }
     }
+
+    for (int c = 0; c < nc; ++c) {
+        s[c] = sb_hsum_float_8(acc[c]);
+    }
 }
+#define SB_Q6_K_512 1
+#endif
+
+// One function per number of activation rows (a constant there, so the loops over them unroll and
+// the accumulators stay in registers), and the weight rows of a call one after another.
+#define SB_Q6_K_NC(KERNEL, NAME, NC) \
+    static void NAME##_##NC(int n, float * s, const void * vx, const void * const * vy) { \
+        KERNEL(n, s, vx, vy, NC); \
+    }
+#define SB_Q6_K_ROWS(KERNEL, NAME) \
+    SB_Q6_K_NC(KERNEL, NAME, 1) SB_Q6_K_NC(KERNEL, NAME, 2) SB_Q6_K_NC(KERNEL, NAME, 3) SB_Q6_K_NC(KERNEL, NAME, 4) \
+    SB_Q6_K_NC(KERNEL, NAME, 5) SB_Q6_K_NC(KERNEL, NAME, 6) SB_Q6_K_NC(KERNEL, NAME, 7) SB_Q6_K_NC(KERNEL, NAME, 8) \
+    static void NAME(int n, float * s, size_t bs, const void * vx, size_t bx, int nw, const void * const * vy, int nc) { \
+        for (int w = 0; w < nw; ++w) { \
+            const void * x = (const char *) vx + w * bx; \
+            float * sw = s + w * bs; \
+            switch (nc) { \
+                case 1: NAME##_1(n, sw, x, vy); break; \
+                case 2: NAME##_2(n, sw, x, vy); break; \
+                case 3: NAME##_3(n, sw, x, vy); break; \
+                case 4: NAME##_4(n, sw, x, vy); break; \
+                case 5: NAME##_5(n, sw, x, vy); break; \
+                case 6: NAME##_6(n, sw, x, vy); break; \
+                case 7: NAME##_7(n, sw, x, vy); break; \
+                default: NAME##_8(n, sw, x, vy); break; \
+            } \
+        } \
+    }
+
+SB_Q6_K_ROWS(sb_q6_K_q8_K, sb_q6_K_q8_K_nc)
+#ifdef SB_Q6_K_512
+SB_Q6_K_ROWS(sb_q6_K_q8_K_512, sb_q6_K_q8_K_512_nc)
+#endif
 
 ggml_smallbatch_dot_t ggml_smallbatch_q6_K(void) {
+#ifdef SB_Q6_K_512
+    if (ggml_smallbatch_512()) {
+        return sb_q6_K_q8_K_512_nc;
+    }
+#endif
     return sb_q6_K_q8_K_nc;
 }
 

@@ -15,6 +15,42 @@ bool ggml_smallbatch_enabled(void) {
     return enabled != 0;
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#define SB_HAS_512 1
+#if defined(__GNUC__) || defined(__clang__)
+#include <cpuid.h>
+// AMD family 1Ah (Zen 5) and later: 512-bit vector units at full width
+static bool sb_cpu_full_width_512(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d) || !(b == 0x68747541 && d == 0x69746e65 && c == 0x444d4163)) {  // "AuthenticAMD"
+        return false;
+    }
+    if (!__get_cpuid(1, &a, &b, &c, &d)) {
+        return false;
+    }
+    const unsigned family = ((a >> 8) & 0xf) == 0xf ? 0xf + ((a >> 20) & 0xff) : (a >> 8) & 0xf;
+    return family >= 0x1a;
+}
+#else
+static bool sb_cpu_full_width_512(void) {
+    return false;
+}
+#endif
+#endif
+
+bool ggml_smallbatch_512(void) {
+#ifdef SB_HAS_512
+    static int wide = -1;
+    if (wide < 0) {
+        const char * env = getenv("GGML_SMALLBATCH_512");
+        wide = env != NULL && *env != '\0' ? atoi(env) != 0 : sb_cpu_full_width_512();
+    }
+    return wide != 0;
+#else
+    return false;  // this build has only the 256-bit forms
+#endif
+}
+
 ggml_smallbatch_dot_t ggml_smallbatch_kernel(enum ggml_type type) {
     switch (type) {
         case GGML_TYPE_Q6_K: return ggml_smallbatch_q6_K();

@@ -61,6 +61,13 @@ typedef void (*ggml_smallbatch_gemm_t)(int n, float * s, size_t bs, const void *
 // False when GGML_CPU_SMALLBATCH=0 in the environment turns the kernels off (for comparisons).
 bool ggml_smallbatch_enabled(void);
 
+// Whether the kernels take their 512-bit forms (where the build has AVX-512 VNNI): on CPUs that run
+// 512-bit vpdpbusd at full width, as many a cycle as 256-bit ones (AMD Zen 5 and later, measured: twice
+// the multiply-adds per cycle), not where each is split in two halves (Zen 4: its earlier 512-bit forms
+// measured 0.80-1.00x) or where it is unmeasured (Intel). GGML_SMALLBATCH_512=0 or 1 in the environment
+// decides instead, for comparisons. A property of the CPU, read once at run time.
+bool ggml_smallbatch_512(void);
+
 // The kernel for weights of `type` in this build (NULL: none, use the per-row path). One source
 // file per family of weight types provides its getter.
 ggml_smallbatch_dot_t ggml_smallbatch_kernel(enum ggml_type type);
