@@ -207,3 +207,21 @@ def test_benchmark_baseline_env_is_name_value():
     for bad in ("GGML_SMALLBATCH_512", "=1", " X=1"):
         with pytest.raises(EdgeSpecError, match="NAME=VALUE"):
             baseline_env(argparse.Namespace(baseline_env=[bad]))
+
+
+def test_the_512_bit_switch_is_read_as_yes_or_no(monkeypatch):
+    """GGML_SMALLBATCH_512 reaches the C module as 1 or 0 (its atoi would read 'yes' as 0), empty is
+    unset (the module chooses), and a value that is no yes/no is a one-line error naming it."""
+    from edgespec.runtime import env
+    from edgespec.runtime.errors import EdgeSpecError
+
+    for given, sent in (("yes", "1"), ("On", "1"), ("no", "0"), ("0", "0")):
+        monkeypatch.setenv("GGML_SMALLBATCH_512", given)
+        env.normalize_smallbatch_512()
+        assert os.environ["GGML_SMALLBATCH_512"] == sent
+    monkeypatch.setenv("GGML_SMALLBATCH_512", " ")
+    env.normalize_smallbatch_512()
+    assert "GGML_SMALLBATCH_512" not in os.environ
+    monkeypatch.setenv("GGML_SMALLBATCH_512", "wide")
+    with pytest.raises(EdgeSpecError, match="GGML_SMALLBATCH_512"):
+        env.normalize_smallbatch_512()
