@@ -123,7 +123,10 @@ def test_sampled_verification_with_learned_drafter_is_reproducible(drafter_dir, 
     cfg = GenerationConfig(max_tokens=32, sampling=SamplingParams(0.8, seed=11))
     runs = [Reply.collect(Engine(smollm2, LearnedDrafter(drafter_dir, smollm2), FixedGamma(2)).generate(prompt, cfg))
             for _ in range(2)]
-    assert runs[0].tokens == runs[1].tokens and len(runs[0].tokens) == 32
+    assert runs[0].tokens == runs[1].tokens and runs[0].finish_reason == runs[1].finish_reason
+    # the whole budget, or the model's own end: the drafter is distilled within a time budget, so which
+    # sample the seed gives (and where it ends) moves with the machine's speed
+    assert (len(runs[0].tokens), runs[0].finish_reason) == (32, "length") or runs[0].finish_reason == "eog", runs[0]
     assert runs[0].stats.drafted > 0
 
 
