@@ -357,8 +357,12 @@ def kernel_bits(kernels: str, system_info: str) -> int | None:
     feature string (SMALLBATCH_512 = 1: their 512-bit forms); None when they do not run."""
     if kernels != "smallbatch":
         return None
-    features = {name.strip(): val.strip() for name, _, val in (p.partition(" = ") for p in system_info.split("|"))}
-    return 512 if features.get("SMALLBATCH_512") == "1" else 256
+    return 512 if features(system_info).get("SMALLBATCH_512") == "1" else 256
+
+
+def features(system_info: str) -> dict[str, str]:
+    """llama.cpp's feature string ('AVX2 = 1 | LLAMAFILE = 1 | ...') as name -> value."""
+    return {name.strip(): val.strip() for name, _, val in (p.partition(" = ") for p in system_info.split("|"))}
 
 
 def check_builtin_features(system_info: str, cpu: Cpu, manifest: dict) -> None:
@@ -366,10 +370,9 @@ def check_builtin_features(system_info: str, cpu: Cpu, manifest: dict) -> None:
     if not cpu.flags:
         return  # no /proc/cpuinfo: nothing to compare against
     missing: set[str] = set()
-    for part in system_info.split("|"):
-        name, _, val = part.strip().partition(" = ")
-        if val.strip() == "1" and name.strip() in FEATURE_FLAGS:
-            missing |= {f for f in FEATURE_FLAGS[name.strip()] if f not in cpu.flags}
+    for name, val in features(system_info).items():
+        if val == "1" and name in FEATURE_FLAGS:
+            missing |= {f for f in FEATURE_FLAGS[name] if f not in cpu.flags}
     built_on = manifest.get("built_on") or {}
     if manifest and "GGML_NATIVE=OFF" not in manifest.get("cmake_args", "").upper():
         # -march=native may use any instruction of the build machine, listed or not.

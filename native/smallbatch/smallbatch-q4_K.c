@@ -317,7 +317,7 @@ static inline __attribute__((always_inline)) void sb_q4_Kx8_q8_K_avx2(int n, flo
 #define SB_Q4_KX8_KERNEL sb_q4_Kx8_q8_K
 #endif
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#ifdef GGML_SMALLBATCH_HAS_512
 // 512-bit form, for CPUs that run 512-bit vpdpbusd at full width (AMD Zen 5: two a cycle, as many as
 // 256-bit ones; Zen 4 splits them in two halves). There the multiplies are cheap enough that the
 // kernel's time follows its count of vector instructions of every kind, so it is written for few:

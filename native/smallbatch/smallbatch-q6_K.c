@@ -155,7 +155,7 @@ static inline __attribute__((always_inline)) void sb_q6_K_q8_K(int n, float * s,
     }
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#ifdef GGML_SMALLBATCH_HAS_512
 // 512-bit form, for CPUs that run 512-bit multiplies at full width (ggml_smallbatch_512: AMD Zen 5). A
 // super-block's codes are 4 vectors of 64, each two of the 256-bit kernel's (the pair whose activations
 // follow each other), and its scales 4 vectors (a 16-bit scale over each 128-bit lane: 16 weights);

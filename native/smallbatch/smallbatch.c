@@ -15,8 +15,7 @@ bool ggml_smallbatch_enabled(void) {
     return enabled != 0;
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
-#define SB_HAS_512 1
+#ifdef GGML_SMALLBATCH_HAS_512
 #if defined(__GNUC__) || defined(__clang__)
 #include <cpuid.h>
 // AMD family 1Ah (Zen 5) and later: 512-bit vector units at full width
@@ -39,7 +38,7 @@ static bool sb_cpu_full_width_512(void) {
 #endif
 
 bool ggml_smallbatch_512(void) {
-#ifdef SB_HAS_512
+#ifdef GGML_SMALLBATCH_HAS_512
     static int wide = -1;
     if (wide < 0) {
         const char * env = getenv("GGML_SMALLBATCH_512");

@@ -61,6 +61,11 @@ typedef void (*ggml_smallbatch_gemm_t)(int n, float * s, size_t bs, const void *
 // False when GGML_CPU_SMALLBATCH=0 in the environment turns the kernels off (for comparisons).
 bool ggml_smallbatch_enabled(void);
 
+// Whether this build has the kernels' 512-bit forms (the instruction sets they use)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#define GGML_SMALLBATCH_HAS_512 1
+#endif
+
 // Whether the kernels take their 512-bit forms (where the build has AVX-512 VNNI): on CPUs that run
 // 512-bit vpdpbusd at full width, as many a cycle as 256-bit ones (AMD Zen 5 and later, measured: twice
 // the multiply-adds per cycle), not where each is split in two halves (Zen 4: its earlier 512-bit forms

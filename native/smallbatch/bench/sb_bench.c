@@ -237,7 +237,7 @@ int main(int argc, char ** argv) {
             new4(n, out, nrows, w4x8, vy, nc, nrows);
             for (int c = 0; c < nc; ++c)
                 bad4 += memcmp(out + c * nrows, ref4 + c * nrows, sizeof(float) * nrows) != 0;
-            // an odd number of groups of eight weight rows (a kernel that takes two groups at a time has a tail)
+            // fewer weight rows than the matrix holds: an odd number of groups of eight (three)
             memset(out, 0xff, sizeof(float) * nrows * nc_max);
             new4(n, out, nrows, w4x8, vy, nc, 24);
             for (int c = 0; c < nc; ++c)
