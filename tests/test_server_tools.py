@@ -157,12 +157,25 @@ def test_required_and_named_tool_choice_always_call(server):
 
 @pytest.mark.skipif(not GRAMMAR_ENGINE, reason="the engine does not hold output to a grammar yet (issue 42, item 3)")
 def test_parallel_calls_when_asked_for(server):
-    """With parallel_tool_calls true the grammar admits a call after a call, and the 135M model,
-    which ranks a newline above the end of its turn after each call, makes several."""
-    r = create(server, [{"role": "user", "content": "Tell me a joke."}], tools=[WEATHER], tool_choice="required",
-               parallel_tool_calls=True, max_tokens=80)
-    calls = r.choices[0].message.tool_calls
-    assert len(calls) >= 2 and {c.function.name for c in calls} == {"get_weather"}
+    """With parallel_tool_calls true the grammar admits a call after a call. The 135M model, which
+    ranks a newline above the end of its turn after each call, makes the same call again and again
+    until max_tokens: the repeat is dropped and ends the answer, streamed or not."""
+    for ask in ("Tell me a joke.", "What's the weather in Paris?", "What's the weather in Paris and in London?"):
+        r = create(server, [{"role": "user", "content": ask}], tools=[WEATHER], tool_choice="required",
+                   parallel_tool_calls=True, max_tokens=200)
+        calls = r.choices[0].message.tool_calls
+        made = [(c.function.name, json.loads(c.function.arguments)) for c in calls]
+        assert {name for name, _ in made} == {"get_weather"} and len({json.dumps(a, sort_keys=True) for _, a in made}) == len(made)
+        # each call takes 30-45 tokens here: ended at the first repeat, not at max_tokens
+        assert r.choices[0].finish_reason == "tool_calls" and r.usage.completion_tokens <= 45 * (len(made) + 1), r
+        stream = create(server, [{"role": "user", "content": ask}], tools=[WEATHER], tool_choice="required",
+                        parallel_tool_calls=True, max_tokens=200, stream=True)
+        deltas, finish = [], None
+        for chunk in stream:
+            if chunk.choices:
+                deltas += chunk.choices[0].delta.tool_calls or []
+                finish = chunk.choices[0].finish_reason or finish
+        assert [(d.function.name, json.loads(d.function.arguments)) for d in deltas] == made and finish == "tool_calls"
 
 
 # ----------------------------------------------------------------------------- predicted outputs

@@ -10,9 +10,10 @@ import json
 import pytest
 
 from edgespec.models import resolve_local
+from edgespec.models.loader import RuntimeOptions
 from edgespec.runtime.errors import EdgeSpecError
 from edgespec.service import tools
-from edgespec.service.session import Request, frame, with_tool_grammar
+from edgespec.service.session import Request, Session, frame, with_tool_grammar
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
@@ -102,6 +103,21 @@ def test_streamed_untagged_calls_give_what_the_whole_text_gives(size):
     assert content.startswith("Here is a config:\n```json\n{\"name\": \"build\"") and content.endswith("Checking.")
 
 
+@pytest.mark.parametrize("size", [1, 3, 1000])
+def test_a_repeated_call_is_dropped_and_ends_the_answer(size):
+    """A small model that has made a call makes it again until max_tokens: a call with the name and
+    arguments of an earlier one (key order and spacing aside) is no second call, and `repeated` says
+    so, tagged or not; a call that differs in any argument is a call of its own."""
+    again = '<tool_call>\n{"arguments": {"city":"Paris"},  "name": "get_weather"}\n</tool_call>'
+    text = "Checking.\n" + CALL + "\n" + again + "\n" + CALL.replace("Paris", "Rome") + "\n" + CALL + "\n"
+    content, calls = streamed(text, size, "<")
+    assert content == "Checking." and [json.loads(c.arguments)["city"] for c in calls] == ["Paris", "Rome"]
+    reader = tools.ToolCallStream(NAMES)
+    assert reader.push(FENCED + "\n")[1] and not reader.repeated
+    assert reader.push(FENCED.replace("Lyon", "Oslo") + "\n")[1] and not reader.repeated
+    assert reader.push(FENCED + "\n", done=True) == ("", []) and reader.repeated
+
+
 def test_streamed_code_is_held_only_while_it_may_be_a_call():
     reader = tools.ToolCallStream(NAMES)
     assert reader.push("Sure:\n``") == ("Sure:\n", [])  # may open a fence
@@ -111,6 +127,22 @@ def test_streamed_code_is_held_only_while_it_may_be_a_call():
     assert reader.push('\n{"name": "get_w') == ("\n", [])  # the start of a call of get_weather: held
     assert reader.push('all"') == ('{"name": "get_wall"', [])  # no tool is named so
     assert reader.push("", done=True) == ("", [])
+
+
+def test_an_answer_ends_at_its_first_repeated_call(smollm2):
+    """Shown a list of calls, the bundled 135M model goes on writing calls, coming back to cities it
+    already asked for: with the request's tools the answer ends at the first repeat (finish 'stop',
+    before max_tokens) and reads as calls that differ; without tools the same text runs to max_tokens."""
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "%s"}}\n</tool_call>\n'
+    text = "".join(call % c for c in ("Paris", "Oslo", "Rome", "Lima", "Paris", "Oslo"))
+    session = Session(smollm2, RuntimeOptions(n_ctx=2048))
+    plain = session.run(Request(text=text, framing="raw", max_tokens=120, draft="none"))
+    assert plain.finish_reason == "length"
+    made = session.run(Request(text=text, framing="raw", tools=[WEATHER], max_tokens=120, draft="none"))
+    assert made.finish_reason == "stop" and made.stats.generated < 120
+    assert plain.text.startswith(made.text)  # the same answer, cut
+    _, calls = tools.parse_tool_calls(made.text, ["get_weather"])
+    assert len(calls) >= 2 and len({c.same_as() for c in calls}) == len(calls)
 
 
 # ----------------------------------------------------------------------------- choices and grammar

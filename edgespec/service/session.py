@@ -192,6 +192,24 @@ class Request:
                                 stop_strings=self.stop + stop, logprobs=self.logprobs)
 
 
+class _Halt:
+    """The engine's stop signal: set by the caller's event (a stop button, a client gone) or by the
+    session itself (`set`)."""
+
+    def __init__(self, outer: threading.Event | None) -> None:
+        self._outer, self._own = outer, threading.Event()
+
+    def set(self) -> None:
+        self._own.set()
+
+    def asked(self) -> bool:
+        """Whether the caller asked for the stop."""
+        return self._outer is not None and self._outer.is_set()
+
+    def is_set(self) -> bool:
+        return self._own.is_set() or self.asked()
+
+
 def with_tool_grammar(model: Model, req: Request) -> Request:
     """`req` with the grammar of a tool call when it must make one (tool_choice 'required' or a named
     function) and holds no grammar of its own: the call format `tools.render` shows the model, the
@@ -500,9 +518,20 @@ class Session:
                       gamma=engine.policy.label, costs=engine.costs, target=self.target.path,
                       device=self.target.device, device_layers=self.target.layers_on_device)
         snapped = -math.inf
+        # an answer that repeats one of its tool calls ends there (tools.ToolCallStream)
+        names = [t["function"]["name"] for t in tooling.shown_tools(req.tools, req.tool_choice) or ()]
+        calls = tooling.ToolCallStream(names) if names else None
+        halt = _Halt(stop)
         try:
-            for ev in engine.generate(framed.tokens, req.config(framed.stop), stop):
+            for ev in engine.generate(framed.tokens, req.config(framed.stop), halt if calls is not None else stop):
                 reply.add(ev.tokens, ev.sources, ev.pieces, ev.drafted_by, ev.stats, ev.finish_reason, ev.logprobs)
+                if calls is not None:
+                    if ev.finish_reason is None:
+                        calls.push("".join(ev.pieces))
+                        if calls.repeated:
+                            halt.set()
+                    elif ev.finish_reason == "stopped" and calls.repeated and not halt.asked():
+                        reply.finish_reason = "stop"  # ended by the answer, not by the caller
                 reply.threads, reply.threads_max = self.target.threads_now, self.target.n_threads
                 now = time.perf_counter()
                 if engine.drafter is not None and (ev.finish_reason is not None or now - snapped >= POLICY_EVERY_S):

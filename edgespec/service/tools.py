@@ -61,6 +61,15 @@ class ToolCall:
         out = {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
         return out if index is None else {"index": index, **out}
 
+    def same_as(self) -> tuple[str, str]:
+        """What two calls share when one repeats the other: the name and the arguments as a value (key
+        order and spacing aside)."""
+        try:
+            args = json.dumps(json.loads(self.arguments), sort_keys=True, ensure_ascii=False)
+        except ValueError:
+            args = self.arguments
+        return self.name, args
+
 
 def call_text(name: str, arguments: Any) -> str:
     """A call written the way the model writes one (what `parse_tool_calls` reads)."""
@@ -159,13 +168,19 @@ class ToolCallStream:
     tool `names`, the same JSON object without the tags, alone or in a ```json fence, at the start of
     a line: `{"name": "<one of names>", "arguments": {...}}`. Qwen2.5-Coder writes its calls that way
     when the choice is its own (tool_choice 'auto'); llama-server's Hermes parser reads the same forms.
-    The name must be one of the tools', so a JSON example in an answer stays text."""
+    The name must be one of the tools', so a JSON example in an answer stays text.
+
+    A call identical to an earlier one of the same answer (same name, same arguments) is a repeat:
+    small models, once they have made a call, tend to make it again and again until max_tokens. It
+    is dropped, text and all, and `repeated` tells the generation to end there (Session.generate)."""
 
     def __init__(self, names: Sequence[str] = ()) -> None:
         self._names = tuple(names)
         self._buf = ""
         self._line_start = True  # the held text begins a line
         self.calls = 0  # calls completed so far
+        self.repeated = False  # a call repeated an earlier one
+        self._made: set[tuple[str, str]] = set()
 
     def push(self, text: str, done: bool = False) -> tuple[str, list[ToolCall]]:
         self._buf += text
@@ -188,7 +203,11 @@ class ToolCallStream:
             if status == "wait":
                 break
             if status == "call":
-                calls.append(call)
+                if call.same_as() in self._made:
+                    self.repeated = True
+                else:
+                    self._made.add(call.same_as())
+                    calls.append(call)
                 self._buf, self._line_start = self._buf[used:], True
             else:  # not a call: its opening is text
                 show(used)
