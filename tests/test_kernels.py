@@ -119,6 +119,21 @@ def test_q6_k_kernel_equals_vec_dot_for_every_batch_size(gemma_path, tmp_path):
     assert float(np.max(np.abs(got - ref))) == 0.0
 
 
+@needs_kernels
+def test_legacy_quant_kernels_equal_vec_dot_for_every_batch_size(smollm2_path, tmp_path):
+    """SmolLM2-135M, the default target, is Q4_1 with a Q8_0 output layer (its token embedding). The
+    unpatched module computes Q4_1 one vec_dot per weight row and token whatever the batch, and Q8_0
+    from 2 rows on with llamafile's tinyBLAS_Q0, whose sums are vec_dot's in the same order; the
+    small-batch kernels (smallbatch-legacy.c), 1-8 tokens a call, give the same logits bit for bit at
+    every batch size."""
+    got, info = _logits(smollm2_path, tmp_path / "smallbatch.npy", "smallbatch")
+    ref, ref_info = _logits(smollm2_path, tmp_path / "stock.npy", "stock")
+    assert info["kernels"] == "smallbatch" and ref_info["kernels"] == "stock"
+    a, b = _by_k(got), _by_k(ref)
+    for k in KS:
+        assert float(np.max(np.abs(a[k] - b[k]))) == 0.0, f"K={k}: the logits differ"
+
+
 def _cpu_runs_512_bit_kernels() -> bool:
     """Whether this CPU runs the AVX-512 module, whose kernels have 512-bit forms (GGML_SMALLBATCH_512)."""
     try:

@@ -53,6 +53,8 @@ bool ggml_smallbatch_512(void) {
 ggml_smallbatch_dot_t ggml_smallbatch_kernel(enum ggml_type type) {
     switch (type) {
         case GGML_TYPE_Q6_K: return ggml_smallbatch_q6_K();
+        case GGML_TYPE_Q8_0: return ggml_smallbatch_q8_0();
+        case GGML_TYPE_Q4_1: return ggml_smallbatch_q4_1();
         default:             return NULL;
     }
 }

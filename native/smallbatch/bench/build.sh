@@ -32,6 +32,7 @@ $cc -I"$b/old" $inc $ren -c "$b/old/smallbatch-q4_K.c" -o "$b/old-q4_K.o"
 $cc ${SB_CFLAGS:-} -I"$here/.." $inc -c "$here/../smallbatch-q6_K.c" -o "$b/q6_K.o"
 $cc ${SB_CFLAGS:-} -I"$here/.." $inc -c "$here/../smallbatch-q4_K.c" -o "$b/q4_K.o"
 $cc ${SB_CFLAGS:-} -I"$here/.." $inc -c "$here/../smallbatch-q8_K.c" -o "$b/q8_K.o"
+$cc ${SB_CFLAGS:-} -I"$here/.." $inc -c "$here/../smallbatch-legacy.c" -o "$b/legacy.o"
 $cc ${SB_CFLAGS:-} -I"$here/.." $inc -c "$here/../smallbatch.c" -o "$b/sb.o"
 $cc $old_if -I"$here/.." $inc -c "$here/sb_bench.c" -o "$b/sb_bench.o"
 # ggml's per-row kernels, straight from the sdist

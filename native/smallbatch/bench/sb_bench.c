@@ -24,6 +24,11 @@ void quantize_row_q6_K_ref(const float * x, block_q6_K * y, int64_t k);
 void quantize_row_q8_K_ref(const float * x, block_q8_K * y, int64_t k);
 void ggml_vec_dot_q6_K_q8_K(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc);
 void ggml_gemv_q4_K_8x8_q8_K(int n, float * s, size_t bs, const void * vx, const void * vy, int nr, int nc);
+void quantize_row_q8_0_ref(const float * x, block_q8_0 * y, int64_t k);
+void quantize_row_q8_1_ref(const float * x, block_q8_1 * y, int64_t k);
+void quantize_row_q4_1_ref(const float * x, block_q4_1 * y, int64_t k);
+void ggml_vec_dot_q8_0_q8_0(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc);
+void ggml_vec_dot_q4_1_q8_1(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc);
 
 // the earlier commit's kernels (interface of that commit: build.sh defines SB_OLD_WROWS when its
 // per-row-layout kernel takes several weight rows a call, as this one does)
@@ -155,6 +160,77 @@ static int check_quantize_q8_K(int time_it) {
     return bad;
 }
 
+// The legacy quants' kernels (smallbatch-legacy.c) against vec_dot: Q8_0 x Q8_0 and Q4_1 x Q8_1, every
+// (weight row, activation row) of 1-8 activation rows and 1-4 weight rows a call, bit for bit; with
+// `timed`, ns per activation row per 32 weights: vec_dot row by row against the kernel.
+static int check_legacy(int timed) {
+    enum { N = 640, NB = N / 32, ROWS = 512, REPS = 21 };  // Gemma 3 270M's width
+    static const char * names[2] = {"Q8_0", "Q4_1"};
+    int bad_total = 0;
+    float * f = malloc(sizeof(float) * N);
+    for (int t = 0; t < 2; ++t) {
+        const size_t wsize = t == 0 ? sizeof(block_q8_0) : sizeof(block_q4_1);
+        const size_t asize = t == 0 ? sizeof(block_q8_0) : sizeof(block_q8_1);
+        char * w = malloc(wsize * NB * ROWS);
+        char * a = malloc(asize * NB * GGML_SMALLBATCH_MAX_COLS);
+        const void * vy[GGML_SMALLBATCH_MAX_COLS];
+        for (int r = 0; r < ROWS; ++r) {
+            for (int i = 0; i < N; ++i) f[i] = frand() * (r % 7 == 0 ? 3.0f : 0.02f);
+            if (t == 0) quantize_row_q8_0_ref(f, (block_q8_0 *) (w + r * wsize * NB), N);
+            else quantize_row_q4_1_ref(f, (block_q4_1 *) (w + r * wsize * NB), N);
+        }
+        for (int c = 0; c < GGML_SMALLBATCH_MAX_COLS; ++c) {
+            for (int i = 0; i < N; ++i) f[i] = frand();
+            if (t == 0) quantize_row_q8_0_ref(f, (block_q8_0 *) (a + c * asize * NB), N);
+            else quantize_row_q8_1_ref(f, (block_q8_1 *) (a + c * asize * NB), N);
+            vy[c] = a + c * asize * NB;
+        }
+        const ggml_smallbatch_dot_t dot = t == 0 ? ggml_smallbatch_q8_0() : ggml_smallbatch_q4_1();
+        const size_t row = wsize * NB;
+        float ref[GGML_SMALLBATCH_MAX_COLS], out[GGML_SMALLBATCH_MAX_WROWS * GGML_SMALLBATCH_MAX_COLS];
+        int bad = 0;
+        for (int nc = 1; nc <= GGML_SMALLBATCH_MAX_COLS; ++nc) {
+            for (int nw = 1; nw <= GGML_SMALLBATCH_MAX_WROWS; ++nw) {
+                for (int r0 = 0; r0 + nw <= ROWS; r0 += 61) {
+                    dot(N, out, GGML_SMALLBATCH_MAX_COLS, w + r0 * row, row, nw, vy, nc);
+                    for (int k = 0; k < nw; ++k) {
+                        for (int c = 0; c < nc; ++c) {
+                            if (t == 0) ggml_vec_dot_q8_0_q8_0(N, ref + c, 0, w + (r0 + k) * row, 0, vy[c], 0, 1);
+                            else ggml_vec_dot_q4_1_q8_1(N, ref + c, 0, w + (r0 + k) * row, 0, vy[c], 0, 1);
+                            bad += memcmp(&ref[c], &out[k * GGML_SMALLBATCH_MAX_COLS + c], sizeof(float)) != 0;
+                        }
+                    }
+                }
+            }
+        }
+        printf("check n=%d nc=1-8 nw=1-4: %s %s\n", N, names[t], bad ? "DIFFERS" : "bit-identical");
+        bad_total += bad;
+        for (int nc = 1; timed && nc <= GGML_SMALLBATCH_MAX_COLS; nc *= 2) {
+            double best_ref = 1e30, best_new = 1e30;
+            for (int rep = 0; rep < REPS; ++rep) {
+                double t0 = now_ns();
+                for (int r = 0; r < ROWS; ++r)
+                    for (int c = 0; c < nc; ++c) {
+                        if (t == 0) ggml_vec_dot_q8_0_q8_0(N, ref + c, 0, w + r * row, 0, vy[c], 0, 1);
+                        else ggml_vec_dot_q4_1_q8_1(N, ref + c, 0, w + r * row, 0, vy[c], 0, 1);
+                    }
+                double t1 = now_ns();
+                for (int r = 0; r < ROWS; r += GGML_SMALLBATCH_MAX_WROWS)
+                    dot(N, out, GGML_SMALLBATCH_MAX_COLS, w + r * row, row, GGML_SMALLBATCH_MAX_WROWS, vy, nc);
+                double t2 = now_ns();
+                best_ref = t1 - t0 < best_ref ? t1 - t0 : best_ref;
+                best_new = t2 - t1 < best_new ? t2 - t1 : best_new;
+            }
+            const double units = (double) ROWS * NB * nc;
+            printf("time n=%d nc=%d  %s vec_dot %6.2f kernel %6.2f (x%.2f)\n", N, nc, names[t], best_ref / units,
+                   best_new / units, best_ref / best_new);
+        }
+        free(w); free(a);
+    }
+    free(f);
+    return bad_total;
+}
+
 enum { WIDTHS = 2, REPEATS = 21 };
 static const int widths[WIDTHS] = {1536, 8960};
 
@@ -166,6 +242,7 @@ int main(int argc, char ** argv) {
     }
     const int nc_max = GGML_SMALLBATCH_MAX_COLS;
     failures += check_quantize_q8_K(!check_only);
+    failures += check_legacy(!check_only);
 
     for (int wi = 0; wi < WIDTHS; ++wi) {
         const int n = widths[wi];

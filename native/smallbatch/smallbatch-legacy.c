@@ -1,0 +1,176 @@
+// ggml's legacy quants (blocks of 32 weights, one or two half-precision factors a block): Q8_0 weights x
+// Q8_0 activations and Q4_1 weights x Q8_1 activations, one weight row against up to
+// GGML_SMALLBATCH_MAX_COLS activation rows.
+//
+// A Q8_0 block holds 32 int8 codes and a half-precision d; a row's dot product with a Q8_0 row is
+//     sum_b d_x[b] * d_y[b] * sum_{i in b} x_i * y_i.
+// ggml_vec_dot_q8_0_q8_0 (arch/x86/quants.c) takes, per block, the products' sums over four
+// neighbouring codes in eight int32 lanes (|x| against y with x's signs), converts them to float and
+// adds d_x * d_y times them to eight float lanes, then sums the lanes. Here each weight block is
+// loaded and its absolute value taken once, then dotted with every activation row: the same integer
+// lanes, the same float steps, so each result equals vec_dot's bit for bit (native/smallbatch/bench).
+//
+// The bundled models tie their output layer to a Q8_0 token embedding (Gemma 3 270M: 262,144 x 640,
+// three quarters of its weights), and ggml sends a Q8_0 mat-mul of 2-32 rows to llamafile's
+// tinyBLAS_Q0, which on an AMD Zen 5 took 2.7x the single-row time for 2 rows: a pass over 2 rows
+// cost 2.04 single passes.
+//
+// A Q4_1 block holds 32 4-bit codes (weights 0-15 in the low nibbles, 16-31 in the high ones), a factor
+// d and an offset m; the Q8_1 activation block carries s = d_y * sum y. ggml_vec_dot_q4_1_q8_1 adds
+// d_x * d_y times the codes' integer lane sums to eight float lanes, as above, and m_x * s_y to a
+// float scalar, in block order; the result is the lanes' sum plus the scalar. The bundled SmolLM2-135M
+// is Q4_1 but for its output layer.
+#include "smallbatch.h"
+
+#define GGML_COMMON_DECL_C
+#include "ggml-common.h"
+#include "ggml-cpu-impl.h"
+#include "simd-mappings.h"
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+
+// Blocks ahead that the weight streams are prefetched (8 x 34 and 12 x 20 bytes)
+#define SB_Q8_0_PREFETCH 8
+#define SB_Q4_1_PREFETCH 12
+
+// summs += m * s as ggml's quants.c compiles it: contracted to one fma where the build allows
+// contraction (GCC's default outside strict ISO C), a product then a sum otherwise
+#if defined(__FP_FAST_FMAF) && !defined(SB_NO_CONTRACT)
+#define SB_Q4_1_MADD(a, b, c) __builtin_fmaf((a), (b), (c))
+#else
+#define SB_Q4_1_MADD(a, b, c) ((c) + (a) * (b))
+#endif
+
+static inline float sb_hsum_float_8(const __m256 x) {
+    __m128 res = _mm256_extractf128_ps(x, 1);
+    res = _mm_add_ps(res, _mm256_castps256_ps128(x));
+    res = _mm_add_ps(res, _mm_movehl_ps(res, res));
+    res = _mm_add_ss(res, _mm_movehdup_ps(res));
+    return _mm_cvtss_f32(res);
+}
+
+// the eight int32 sums of |x| * (y with x's signs) over four neighbouring codes: vec_dot's
+// mul_sum_us8_pairs_float before its conversion
+static inline __m256i sb_sum_us8(const __m256i ax, const __m256i sy) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), ax, sy);
+#else
+    return _mm256_madd_epi16(_mm256_set1_epi16(1), _mm256_maddubs_epi16(ax, sy));
+#endif
+}
+
+// nc is a compile-time constant in each instantiation below, so the column loops unroll and the
+// accumulators stay in registers.
+static inline __attribute__((always_inline)) void sb_q8_0_q8_0(int n, float * s, const void * vx,
+                                                               const void * const * vy, const int nc) {
+    const block_q8_0 * x = (const block_q8_0 *) vx;
+    const int nb = n / QK8_0;
+
+    __m256 acc[GGML_SMALLBATCH_MAX_COLS];
+    for (int c = 0; c < nc; ++c) {
+        acc[c] = _mm256_setzero_ps();
+    }
+    for (int i = 0; i < nb; ++i) {
+        _mm_prefetch((const char *) (x + i + SB_Q8_0_PREFETCH), _MM_HINT_T0);
+        const float xd = GGML_CPU_FP16_TO_FP32(x[i].d);
+        const __m256i qx = _mm256_loadu_si256((const __m256i *) x[i].qs);
+        const __m256i ax = _mm256_sign_epi8(qx, qx);
+        for (int c = 0; c < nc; ++c) {
+            const block_q8_0 * y = (const block_q8_0 *) vy[c] + i;
+            const __m256i sy = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *) y->qs), qx);
+            const __m256 d = _mm256_set1_ps(xd * GGML_CPU_FP16_TO_FP32(y->d));
+            acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sb_sum_us8(ax, sy)), acc[c]);
+        }
+    }
+    for (int c = 0; c < nc; ++c) {
+        s[c] = sb_hsum_float_8(acc[c]);
+    }
+}
+
+// Q4_1: the codes of a block unpacked once, the integer lanes per activation row as above; the offsets'
+// products summed per row in a float scalar, one a block, as vec_dot does (the product rounded to float,
+// then added: SB_Q4_1_MADD).
+static inline __attribute__((always_inline)) void sb_q4_1_q8_1(int n, float * s, const void * vx,
+                                                               const void * const * vy, const int nc) {
+    const block_q4_1 * x = (const block_q4_1 *) vx;
+    const int nb = n / QK4_1;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+
+    __m256 acc[GGML_SMALLBATCH_MAX_COLS];
+    float summs[GGML_SMALLBATCH_MAX_COLS];
+    for (int c = 0; c < nc; ++c) {
+        acc[c] = _mm256_setzero_ps();
+        summs[c] = 0.0f;
+    }
+    for (int i = 0; i < nb; ++i) {
+        _mm_prefetch((const char *) (x + i + SB_Q4_1_PREFETCH), _MM_HINT_T0);
+        const float xd = GGML_CPU_FP16_TO_FP32(x[i].d);
+        const float xm = GGML_CPU_FP16_TO_FP32(x[i].m);
+        const __m128i bits = _mm_loadu_si128((const __m128i *) x[i].qs);
+        const __m256i qx = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(bits), _mm_srli_epi16(bits, 4), 1), m4);
+        for (int c = 0; c < nc; ++c) {
+            const block_q8_1 * y = (const block_q8_1 *) vy[c] + i;
+            summs[c] = SB_Q4_1_MADD(xm, GGML_CPU_FP16_TO_FP32(y->s), summs[c]);
+            const __m256 d = _mm256_mul_ps(_mm256_set1_ps(xd), _mm256_set1_ps(GGML_CPU_FP16_TO_FP32(y->d)));
+            const __m256i qy = _mm256_loadu_si256((const __m256i *) y->qs);
+            acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sb_sum_us8(qx, qy)), acc[c]);
+        }
+    }
+    for (int c = 0; c < nc; ++c) {
+        s[c] = sb_hsum_float_8(acc[c]) + summs[c];
+    }
+}
+
+// One function per number of activation rows (a constant there, so the loops over them unroll and the
+// accumulators stay in registers), and the weight rows of a call one after another.
+#define SB_LEGACY_NC(KERNEL, NAME, NC) \
+    static void NAME##_##NC(int n, float * s, const void * vx, const void * const * vy) { \
+        KERNEL(n, s, vx, vy, NC); \
+    }
+#define SB_LEGACY_ROWS(KERNEL, NAME) \
+    SB_LEGACY_NC(KERNEL, NAME, 1) SB_LEGACY_NC(KERNEL, NAME, 2) SB_LEGACY_NC(KERNEL, NAME, 3) \
+    SB_LEGACY_NC(KERNEL, NAME, 4) SB_LEGACY_NC(KERNEL, NAME, 5) SB_LEGACY_NC(KERNEL, NAME, 6) \
+    SB_LEGACY_NC(KERNEL, NAME, 7) SB_LEGACY_NC(KERNEL, NAME, 8) \
+    static void NAME(int n, float * s, size_t bs, const void * vx, size_t bx, int nw, const void * const * vy, int nc) { \
+        for (int w = 0; w < nw; ++w) { \
+            const void * x = (const char *) vx + w * bx; \
+            float * sw = s + w * bs; \
+            switch (nc) { \
+                case 1: NAME##_1(n, sw, x, vy); break; \
+                case 2: NAME##_2(n, sw, x, vy); break; \
+                case 3: NAME##_3(n, sw, x, vy); break; \
+                case 4: NAME##_4(n, sw, x, vy); break; \
+                case 5: NAME##_5(n, sw, x, vy); break; \
+                case 6: NAME##_6(n, sw, x, vy); break; \
+                case 7: NAME##_7(n, sw, x, vy); break; \
+                default: NAME##_8(n, sw, x, vy); break; \
+            } \
+        } \
+    }
+
+SB_LEGACY_ROWS(sb_q8_0_q8_0, sb_q8_0_q8_0_nc)
+SB_LEGACY_ROWS(sb_q4_1_q8_1, sb_q4_1_q8_1_nc)
+
+ggml_smallbatch_dot_t ggml_smallbatch_q8_0(void) {
+    return sb_q8_0_q8_0_nc;
+}
+
+ggml_smallbatch_dot_t ggml_smallbatch_q4_1(void) {
+    return sb_q4_1_q8_1_nc;
+}
+
+#else
+
+// the per-row kernels are the only ones for this instruction set
+ggml_smallbatch_dot_t ggml_smallbatch_q8_0(void) {
+    return NULL;
+}
+
+ggml_smallbatch_dot_t ggml_smallbatch_q4_1(void) {
+    return NULL;
+}
+
+#endif
