@@ -1,5 +1,5 @@
-// ggml's legacy quants (blocks of 32 weights, one or two half-precision factors a block): Q8_0 weights x
-// Q8_0 activations and Q4_1 weights x Q8_1 activations, one weight row against up to
+// ggml's legacy quants (blocks of 32 weights, one or two half-precision factors a block): Q8_0, Q4_0 and
+// Q5_0 weights x Q8_0 activations and Q4_1 weights x Q8_1 activations, one weight row against up to
 // GGML_SMALLBATCH_MAX_COLS activation rows.
 //
 // A Q8_0 block holds 32 int8 codes and a half-precision d; a row's dot product with a Q8_0 row is
@@ -9,6 +9,8 @@
 // adds d_x * d_y times them to eight float lanes, then sums the lanes. Here each weight block is
 // loaded and its absolute value taken once, then dotted with every activation row: the same integer
 // lanes, the same float steps, so each result equals vec_dot's bit for bit (native/smallbatch/bench).
+// Q4_0 and Q5_0 are the same sums once their codes are unpacked to signed bytes (4 and 5 bits less 8 and
+// 16), as ggml_vec_dot_q4_0_q8_0 and ggml_vec_dot_q5_0_q8_0 unpack them.
 //
 // The bundled models tie their output layer to a Q8_0 token embedding (Gemma 3 270M: 262,144 x 640,
 // three quarters of its weights), and ggml sends a Q8_0 mat-mul of 2-32 rows to llamafile's
@@ -26,6 +28,8 @@
 #include "ggml-common.h"
 #include "ggml-cpu-impl.h"
 #include "simd-mappings.h"
+
+#include <string.h>
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -62,11 +66,52 @@ static inline __m256i sb_sum_us8(const __m256i ax, const __m256i sy) {
 #endif
 }
 
-// nc is a compile-time constant in each instantiation below, so the column loops unroll and the
-// accumulators stay in registers.
-static inline __attribute__((always_inline)) void sb_q8_0_q8_0(int n, float * s, const void * vx,
+// The codes of block i of a row of `type` as signed bytes, as vec_dot unpacks them, and its factor
+// d (type is a constant in every use, so the switch folds away)
+enum { SB_Q8_0, SB_Q4_0, SB_Q5_0 };
+
+static inline __attribute__((always_inline)) __m256i sb_signed_codes(const int type, const void * vx, const int i,
+                                                                    float * d) {
+    switch (type) {
+        case SB_Q4_0: {  // low nibbles: weights 0-15, high: 16-31; minus 8
+            const block_q4_0 * x = (const block_q4_0 *) vx + i;
+            *d = GGML_CPU_FP16_TO_FP32(x->d);
+            const __m128i bits = _mm_loadu_si128((const __m128i *) x->qs);
+            const __m256i q = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(bits), _mm_srli_epi16(bits, 4), 1),
+                                               _mm256_set1_epi8(0x0f));
+            return _mm256_sub_epi8(q, _mm256_set1_epi8(8));
+        }
+        case SB_Q5_0: {  // as Q4_0, the fifth bits in qh; minus 16 (0xF0 where the bit is clear)
+            const block_q5_0 * x = (const block_q5_0 *) vx + i;
+            *d = GGML_CPU_FP16_TO_FP32(x->d);
+            const __m128i bits = _mm_loadu_si128((const __m128i *) x->qs);
+            const __m256i q = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(bits), _mm_srli_epi16(bits, 4), 1),
+                                               _mm256_set1_epi8(0x0f));
+            uint32_t qh;
+            memcpy(&qh, x->qh, sizeof(qh));
+            const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int) qh),
+                                                       _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                                                         0x0101010101010101, 0x0000000000000000));
+            const __m256i set = _mm256_cmpeq_epi8(_mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)),
+                                                  _mm256_set1_epi64x(-1));
+            return _mm256_or_si256(q, _mm256_andnot_si256(set, _mm256_set1_epi8((char) 0xF0)));
+        }
+        default: {
+            const block_q8_0 * x = (const block_q8_0 *) vx + i;
+            *d = GGML_CPU_FP16_TO_FP32(x->d);
+            return _mm256_loadu_si256((const __m256i *) x->qs);
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) size_t sb_block_size(const int type) {
+    return type == SB_Q4_0 ? sizeof(block_q4_0) : type == SB_Q5_0 ? sizeof(block_q5_0) : sizeof(block_q8_0);
+}
+
+// Q8_0, Q4_0 and Q5_0 weights x Q8_0 activations. nc is a compile-time constant in each instantiation
+// below, so the column loops unroll and the accumulators stay in registers.
+static inline __attribute__((always_inline)) void sb_qx_0_q8_0(const int type, int n, float * s, const void * vx,
                                                                const void * const * vy, const int nc) {
-    const block_q8_0 * x = (const block_q8_0 *) vx;
     const int nb = n / QK8_0;
 
     __m256 acc[GGML_SMALLBATCH_MAX_COLS];
@@ -74,9 +119,9 @@ static inline __attribute__((always_inline)) void sb_q8_0_q8_0(int n, float * s,
         acc[c] = _mm256_setzero_ps();
     }
     for (int i = 0; i < nb; ++i) {
-        _mm_prefetch((const char *) (x + i + SB_Q8_0_PREFETCH), _MM_HINT_T0);
-        const float xd = GGML_CPU_FP16_TO_FP32(x[i].d);
-        const __m256i qx = _mm256_loadu_si256((const __m256i *) x[i].qs);
+        _mm_prefetch((const char *) vx + (i + SB_Q8_0_PREFETCH) * sb_block_size(type), _MM_HINT_T0);
+        float xd;
+        const __m256i qx = sb_signed_codes(type, vx, i, &xd);
         const __m256i ax = _mm256_sign_epi8(qx, qx);
         for (int c = 0; c < nc; ++c) {
             const block_q8_0 * y = (const block_q8_0 *) vy[c] + i;
@@ -89,6 +134,15 @@ static inline __attribute__((always_inline)) void sb_q8_0_q8_0(int n, float * s,
         s[c] = sb_hsum_float_8(acc[c]);
     }
 }
+
+#define SB_QX_0(NAME, TYPE) \
+    static inline __attribute__((always_inline)) void NAME(int n, float * s, const void * vx, const void * const * vy, \
+                                                           const int nc) { \
+        sb_qx_0_q8_0(TYPE, n, s, vx, vy, nc); \
+    }
+SB_QX_0(sb_q8_0_q8_0, SB_Q8_0)
+SB_QX_0(sb_q4_0_q8_0, SB_Q4_0)
+SB_QX_0(sb_q5_0_q8_0, SB_Q5_0)
 
 // Q4_1: the codes of a block unpacked once, the integer lanes per activation row as above; the offsets'
 // products summed per row in a float scalar, one a block, as vec_dot does (the product rounded to float,
@@ -152,10 +206,20 @@ static inline __attribute__((always_inline)) void sb_q4_1_q8_1(int n, float * s,
     }
 
 SB_LEGACY_ROWS(sb_q8_0_q8_0, sb_q8_0_q8_0_nc)
+SB_LEGACY_ROWS(sb_q4_0_q8_0, sb_q4_0_q8_0_nc)
+SB_LEGACY_ROWS(sb_q5_0_q8_0, sb_q5_0_q8_0_nc)
 SB_LEGACY_ROWS(sb_q4_1_q8_1, sb_q4_1_q8_1_nc)
 
 ggml_smallbatch_dot_t ggml_smallbatch_q8_0(void) {
     return sb_q8_0_q8_0_nc;
+}
+
+ggml_smallbatch_dot_t ggml_smallbatch_q4_0(void) {
+    return sb_q4_0_q8_0_nc;
+}
+
+ggml_smallbatch_dot_t ggml_smallbatch_q5_0(void) {
+    return sb_q5_0_q8_0_nc;
 }
 
 ggml_smallbatch_dot_t ggml_smallbatch_q4_1(void) {
@@ -166,6 +230,14 @@ ggml_smallbatch_dot_t ggml_smallbatch_q4_1(void) {
 
 // the per-row kernels are the only ones for this instruction set
 ggml_smallbatch_dot_t ggml_smallbatch_q8_0(void) {
+    return NULL;
+}
+
+ggml_smallbatch_dot_t ggml_smallbatch_q4_0(void) {
+    return NULL;
+}
+
+ggml_smallbatch_dot_t ggml_smallbatch_q5_0(void) {
     return NULL;
 }
 

@@ -78,6 +78,8 @@ bool ggml_smallbatch_512(void);
 ggml_smallbatch_dot_t ggml_smallbatch_kernel(enum ggml_type type);
 ggml_smallbatch_dot_t ggml_smallbatch_q6_K(void);
 ggml_smallbatch_dot_t ggml_smallbatch_q8_0(void);  // smallbatch-legacy.c
+ggml_smallbatch_dot_t ggml_smallbatch_q4_0(void);
+ggml_smallbatch_dot_t ggml_smallbatch_q5_0(void);
 ggml_smallbatch_dot_t ggml_smallbatch_q4_1(void);
 // Q4_K repacked as block_q4_Kx8 (NULL: none for this instruction set)
 ggml_smallbatch_gemm_t ggml_smallbatch_q4_Kx8(void);

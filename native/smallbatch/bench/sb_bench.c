@@ -27,6 +27,10 @@ void ggml_gemv_q4_K_8x8_q8_K(int n, float * s, size_t bs, const void * vx, const
 void quantize_row_q8_0_ref(const float * x, block_q8_0 * y, int64_t k);
 void quantize_row_q8_1_ref(const float * x, block_q8_1 * y, int64_t k);
 void quantize_row_q4_1_ref(const float * x, block_q4_1 * y, int64_t k);
+void quantize_row_q4_0_ref(const float * x, block_q4_0 * y, int64_t k);
+void quantize_row_q5_0_ref(const float * x, block_q5_0 * y, int64_t k);
+void ggml_vec_dot_q4_0_q8_0(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc);
+void ggml_vec_dot_q5_0_q8_0(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc);
 void ggml_vec_dot_q8_0_q8_0(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc);
 void ggml_vec_dot_q4_1_q8_1(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc);
 
@@ -160,33 +164,50 @@ static int check_quantize_q8_K(int time_it) {
     return bad;
 }
 
-// The legacy quants' kernels (smallbatch-legacy.c) against vec_dot: Q8_0 x Q8_0 and Q4_1 x Q8_1, every
-// (weight row, activation row) of 1-8 activation rows and 1-4 weight rows a call, bit for bit; with
-// `timed`, ns per activation row per 32 weights: vec_dot row by row against the kernel.
+// The legacy quants' kernels (smallbatch-legacy.c) against vec_dot: Q8_0, Q4_0 and Q5_0 x Q8_0 and Q4_1 x
+// Q8_1, every (weight row, activation row) of 1-8 activation rows and 1-4 weight rows a call, bit for
+// bit; with `timed`, ns per activation row per 32 weights: vec_dot row by row against the kernel.
+typedef void (*vec_dot_t)(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc);
+static void q8_0_weights(const float * f, void * y, int64_t k) { quantize_row_q8_0_ref(f, y, k); }
+static void q4_0_weights(const float * f, void * y, int64_t k) { quantize_row_q4_0_ref(f, y, k); }
+static void q5_0_weights(const float * f, void * y, int64_t k) { quantize_row_q5_0_ref(f, y, k); }
+static void q4_1_weights(const float * f, void * y, int64_t k) { quantize_row_q4_1_ref(f, y, k); }
+static void q8_0_acts(const float * f, void * y, int64_t k) { quantize_row_q8_0_ref(f, y, k); }
+static void q8_1_acts(const float * f, void * y, int64_t k) { quantize_row_q8_1_ref(f, y, k); }
+
 static int check_legacy(int timed) {
-    enum { N = 640, NB = N / 32, ROWS = 512, REPS = 21 };  // Gemma 3 270M's width
-    static const char * names[2] = {"Q8_0", "Q4_1"};
+    enum { N = 640, NB = N / 32, ROWS = 512, REPS = 21, TYPES = 4 };  // Gemma 3 270M's width
+    static const struct {
+        const char * name;
+        size_t wsize, asize;
+        void (*weights)(const float *, void *, int64_t);
+        void (*acts)(const float *, void *, int64_t);
+        vec_dot_t ref;
+        ggml_smallbatch_dot_t (*kernel)(void);
+    } types[TYPES] = {
+        {"Q8_0", sizeof(block_q8_0), sizeof(block_q8_0), q8_0_weights, q8_0_acts, ggml_vec_dot_q8_0_q8_0, ggml_smallbatch_q8_0},
+        {"Q4_0", sizeof(block_q4_0), sizeof(block_q8_0), q4_0_weights, q8_0_acts, ggml_vec_dot_q4_0_q8_0, ggml_smallbatch_q4_0},
+        {"Q5_0", sizeof(block_q5_0), sizeof(block_q8_0), q5_0_weights, q8_0_acts, ggml_vec_dot_q5_0_q8_0, ggml_smallbatch_q5_0},
+        {"Q4_1", sizeof(block_q4_1), sizeof(block_q8_1), q4_1_weights, q8_1_acts, ggml_vec_dot_q4_1_q8_1, ggml_smallbatch_q4_1},
+    };
     int bad_total = 0;
     float * f = malloc(sizeof(float) * N);
-    for (int t = 0; t < 2; ++t) {
-        const size_t wsize = t == 0 ? sizeof(block_q8_0) : sizeof(block_q4_1);
-        const size_t asize = t == 0 ? sizeof(block_q8_0) : sizeof(block_q8_1);
-        char * w = malloc(wsize * NB * ROWS);
-        char * a = malloc(asize * NB * GGML_SMALLBATCH_MAX_COLS);
+    for (int t = 0; t < TYPES; ++t) {
+        const size_t row = types[t].wsize * NB, arow = types[t].asize * NB;
+        char * w = malloc(row * ROWS);
+        char * a = malloc(arow * GGML_SMALLBATCH_MAX_COLS);
         const void * vy[GGML_SMALLBATCH_MAX_COLS];
         for (int r = 0; r < ROWS; ++r) {
             for (int i = 0; i < N; ++i) f[i] = frand() * (r % 7 == 0 ? 3.0f : 0.02f);
-            if (t == 0) quantize_row_q8_0_ref(f, (block_q8_0 *) (w + r * wsize * NB), N);
-            else quantize_row_q4_1_ref(f, (block_q4_1 *) (w + r * wsize * NB), N);
+            types[t].weights(f, w + r * row, N);
         }
         for (int c = 0; c < GGML_SMALLBATCH_MAX_COLS; ++c) {
             for (int i = 0; i < N; ++i) f[i] = frand();
-            if (t == 0) quantize_row_q8_0_ref(f, (block_q8_0 *) (a + c * asize * NB), N);
-            else quantize_row_q8_1_ref(f, (block_q8_1 *) (a + c * asize * NB), N);
-            vy[c] = a + c * asize * NB;
+            types[t].acts(f, a + c * arow, N);
+            vy[c] = a + c * arow;
         }
-        const ggml_smallbatch_dot_t dot = t == 0 ? ggml_smallbatch_q8_0() : ggml_smallbatch_q4_1();
-        const size_t row = wsize * NB;
+        const ggml_smallbatch_dot_t dot = types[t].kernel();
+        const vec_dot_t ref_dot = types[t].ref;
         float ref[GGML_SMALLBATCH_MAX_COLS], out[GGML_SMALLBATCH_MAX_WROWS * GGML_SMALLBATCH_MAX_COLS];
         int bad = 0;
         for (int nc = 1; nc <= GGML_SMALLBATCH_MAX_COLS; ++nc) {
@@ -195,25 +216,21 @@ static int check_legacy(int timed) {
                     dot(N, out, GGML_SMALLBATCH_MAX_COLS, w + r0 * row, row, nw, vy, nc);
                     for (int k = 0; k < nw; ++k) {
                         for (int c = 0; c < nc; ++c) {
-                            if (t == 0) ggml_vec_dot_q8_0_q8_0(N, ref + c, 0, w + (r0 + k) * row, 0, vy[c], 0, 1);
-                            else ggml_vec_dot_q4_1_q8_1(N, ref + c, 0, w + (r0 + k) * row, 0, vy[c], 0, 1);
+                            ref_dot(N, ref + c, 0, w + (r0 + k) * row, 0, vy[c], 0, 1);
                             bad += memcmp(&ref[c], &out[k * GGML_SMALLBATCH_MAX_COLS + c], sizeof(float)) != 0;
                         }
                     }
                 }
             }
         }
-        printf("check n=%d nc=1-8 nw=1-4: %s %s\n", N, names[t], bad ? "DIFFERS" : "bit-identical");
+        printf("check n=%d nc=1-8 nw=1-4: %s %s\n", N, types[t].name, bad ? "DIFFERS" : "bit-identical");
         bad_total += bad;
         for (int nc = 1; timed && nc <= GGML_SMALLBATCH_MAX_COLS; nc *= 2) {
             double best_ref = 1e30, best_new = 1e30;
             for (int rep = 0; rep < REPS; ++rep) {
                 double t0 = now_ns();
                 for (int r = 0; r < ROWS; ++r)
-                    for (int c = 0; c < nc; ++c) {
-                        if (t == 0) ggml_vec_dot_q8_0_q8_0(N, ref + c, 0, w + r * row, 0, vy[c], 0, 1);
-                        else ggml_vec_dot_q4_1_q8_1(N, ref + c, 0, w + r * row, 0, vy[c], 0, 1);
-                    }
+                    for (int c = 0; c < nc; ++c) ref_dot(N, ref + c, 0, w + r * row, 0, vy[c], 0, 1);
                 double t1 = now_ns();
                 for (int r = 0; r < ROWS; r += GGML_SMALLBATCH_MAX_WROWS)
                     dot(N, out, GGML_SMALLBATCH_MAX_COLS, w + r * row, row, GGML_SMALLBATCH_MAX_WROWS, vy, nc);
@@ -222,7 +239,7 @@ static int check_legacy(int timed) {
                 best_new = t2 - t1 < best_new ? t2 - t1 : best_new;
             }
             const double units = (double) ROWS * NB * nc;
-            printf("time n=%d nc=%d  %s vec_dot %6.2f kernel %6.2f (x%.2f)\n", N, nc, names[t], best_ref / units,
+            printf("time n=%d nc=%d  %s vec_dot %6.2f kernel %6.2f (x%.2f)\n", N, nc, types[t].name, best_ref / units,
                    best_new / units, best_ref / best_new);
         }
         free(w); free(a);
