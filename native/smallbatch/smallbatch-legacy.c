@@ -178,37 +178,10 @@ static inline __attribute__((always_inline)) void sb_q4_1_q8_1(int n, float * s,
     }
 }
 
-// One function per number of activation rows (a constant there, so the loops over them unroll and the
-// accumulators stay in registers), and the weight rows of a call one after another.
-#define SB_LEGACY_NC(KERNEL, NAME, NC) \
-    static void NAME##_##NC(int n, float * s, const void * vx, const void * const * vy) { \
-        KERNEL(n, s, vx, vy, NC); \
-    }
-#define SB_LEGACY_ROWS(KERNEL, NAME) \
-    SB_LEGACY_NC(KERNEL, NAME, 1) SB_LEGACY_NC(KERNEL, NAME, 2) SB_LEGACY_NC(KERNEL, NAME, 3) \
-    SB_LEGACY_NC(KERNEL, NAME, 4) SB_LEGACY_NC(KERNEL, NAME, 5) SB_LEGACY_NC(KERNEL, NAME, 6) \
-    SB_LEGACY_NC(KERNEL, NAME, 7) SB_LEGACY_NC(KERNEL, NAME, 8) \
-    static void NAME(int n, float * s, size_t bs, const void * vx, size_t bx, int nw, const void * const * vy, int nc) { \
-        for (int w = 0; w < nw; ++w) { \
-            const void * x = (const char *) vx + w * bx; \
-            float * sw = s + w * bs; \
-            switch (nc) { \
-                case 1: NAME##_1(n, sw, x, vy); break; \
-                case 2: NAME##_2(n, sw, x, vy); break; \
-                case 3: NAME##_3(n, sw, x, vy); break; \
-                case 4: NAME##_4(n, sw, x, vy); break; \
-                case 5: NAME##_5(n, sw, x, vy); break; \
-                case 6: NAME##_6(n, sw, x, vy); break; \
-                case 7: NAME##_7(n, sw, x, vy); break; \
-                default: NAME##_8(n, sw, x, vy); break; \
-            } \
-        } \
-    }
-
-SB_LEGACY_ROWS(sb_q8_0_q8_0, sb_q8_0_q8_0_nc)
-SB_LEGACY_ROWS(sb_q4_0_q8_0, sb_q4_0_q8_0_nc)
-SB_LEGACY_ROWS(sb_q5_0_q8_0, sb_q5_0_q8_0_nc)
-SB_LEGACY_ROWS(sb_q4_1_q8_1, sb_q4_1_q8_1_nc)
+GGML_SMALLBATCH_ROWS(sb_q8_0_q8_0, sb_q8_0_q8_0_nc)
+GGML_SMALLBATCH_ROWS(sb_q4_0_q8_0, sb_q4_0_q8_0_nc)
+GGML_SMALLBATCH_ROWS(sb_q5_0_q8_0, sb_q5_0_q8_0_nc)
+GGML_SMALLBATCH_ROWS(sb_q4_1_q8_1, sb_q4_1_q8_1_nc)
 
 ggml_smallbatch_dot_t ggml_smallbatch_q8_0(void) {
     return sb_q8_0_q8_0_nc;

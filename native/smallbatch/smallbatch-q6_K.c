@@ -233,35 +233,9 @@ static inline __attribute__((always_inline)) void sb_q6_K_q8_K_512(int n, float 
 #define SB_Q6_K_512 1
 #endif
 
-// One function per number of activation rows (a constant there, so the loops over them unroll and
-// the accumulators stay in registers), and the weight rows of a call one after another.
-#define SB_Q6_K_NC(KERNEL, NAME, NC) \
-    static void NAME##_##NC(int n, float * s, const void * vx, const void * const * vy) { \
-        KERNEL(n, s, vx, vy, NC); \
-    }
-#define SB_Q6_K_ROWS(KERNEL, NAME) \
-    SB_Q6_K_NC(KERNEL, NAME, 1) SB_Q6_K_NC(KERNEL, NAME, 2) SB_Q6_K_NC(KERNEL, NAME, 3) SB_Q6_K_NC(KERNEL, NAME, 4) \
-    SB_Q6_K_NC(KERNEL, NAME, 5) SB_Q6_K_NC(KERNEL, NAME, 6) SB_Q6_K_NC(KERNEL, NAME, 7) SB_Q6_K_NC(KERNEL, NAME, 8) \
-    static void NAME(int n, float * s, size_t bs, const void * vx, size_t bx, int nw, const void * const * vy, int nc) { \
-        for (int w = 0; w < nw; ++w) { \
-            const void * x = (const char *) vx + w * bx; \
-            float * sw = s + w * bs; \
-            switch (nc) { \
-                case 1: NAME##_1(n, sw, x, vy); break; \
-                case 2: NAME##_2(n, sw, x, vy); break; \
-                case 3: NAME##_3(n, sw, x, vy); break; \
-                case 4: NAME##_4(n, sw, x, vy); break; \
-                case 5: NAME##_5(n, sw, x, vy); break; \
-                case 6: NAME##_6(n, sw, x, vy); break; \
-                case 7: NAME##_7(n, sw, x, vy); break; \
-                default: NAME##_8(n, sw, x, vy); break; \
-            } \
-        } \
-    }
-
-SB_Q6_K_ROWS(sb_q6_K_q8_K, sb_q6_K_q8_K_nc)
+GGML_SMALLBATCH_ROWS(sb_q6_K_q8_K, sb_q6_K_q8_K_nc)
 #ifdef SB_Q6_K_512
-SB_Q6_K_ROWS(sb_q6_K_q8_K_512, sb_q6_K_q8_K_512_nc)
+GGML_SMALLBATCH_ROWS(sb_q6_K_q8_K_512, sb_q6_K_q8_K_512_nc)
 #endif
 
 ggml_smallbatch_dot_t ggml_smallbatch_q6_K(void) {

@@ -46,6 +46,35 @@ typedef void (*ggml_smallbatch_dot_t)(int n, float * s, size_t bs, const void * 
 typedef void (*ggml_smallbatch_gemm_t)(int n, float * s, size_t bs, const void * vx, const void * const * vy,
                                        int nr, int nc);
 
+// For a kernel KERNEL(n, s, vx, vy, nc) of one weight row against nc activation rows: one function
+// per number of activation rows (a constant there, so the loops over them unroll and the accumulators
+// stay in registers), and NAME, a ggml_smallbatch_dot_t that runs the weight rows of a call one after
+// another. For the per-row-layout kernels (smallbatch-q6_K.c, smallbatch-legacy.c).
+#define GGML_SMALLBATCH_NC(KERNEL, NAME, NC) \
+    static void NAME##_##NC(int n, float * s, const void * vx, const void * const * vy) { \
+        KERNEL(n, s, vx, vy, NC); \
+    }
+#define GGML_SMALLBATCH_ROWS(KERNEL, NAME) \
+    GGML_SMALLBATCH_NC(KERNEL, NAME, 1) GGML_SMALLBATCH_NC(KERNEL, NAME, 2) GGML_SMALLBATCH_NC(KERNEL, NAME, 3) \
+    GGML_SMALLBATCH_NC(KERNEL, NAME, 4) GGML_SMALLBATCH_NC(KERNEL, NAME, 5) GGML_SMALLBATCH_NC(KERNEL, NAME, 6) \
+    GGML_SMALLBATCH_NC(KERNEL, NAME, 7) GGML_SMALLBATCH_NC(KERNEL, NAME, 8) \
+    static void NAME(int n, float * s, size_t bs, const void * vx, size_t bx, int nw, const void * const * vy, int nc) { \
+        for (int w = 0; w < nw; ++w) { \
+            const void * x = (const char *) vx + w * bx; \
+            float * sw = s + w * bs; \
+            switch (nc) { \
+                case 1: NAME##_1(n, sw, x, vy); break; \
+                case 2: NAME##_2(n, sw, x, vy); break; \
+                case 3: NAME##_3(n, sw, x, vy); break; \
+                case 4: NAME##_4(n, sw, x, vy); break; \
+                case 5: NAME##_5(n, sw, x, vy); break; \
+                case 6: NAME##_6(n, sw, x, vy); break; \
+                case 7: NAME##_7(n, sw, x, vy); break; \
+                default: NAME##_8(n, sw, x, vy); break; \
+            } \
+        } \
+    }
+
 // The four cache lines from p on (the kernels prefetch their weight stream by hand: smallbatch-q6_K.c),
 // for files that include <immintrin.h>. A macro: GCC 12 finds a function of prefetches alone free
 // of side effects and deletes the calls to it that it did not inline early.
