@@ -38,13 +38,6 @@
 #define SB_Q8_0_PREFETCH 8
 #define SB_Q4_1_PREFETCH 12
 
-// summs += m * s as ggml's quants.c compiles it: contracted to one fma where the build allows
-// contraction (GCC's default outside strict ISO C), a product then a sum otherwise
-#if defined(__FP_FAST_FMAF) && !defined(SB_NO_CONTRACT)
-#define SB_Q4_1_MADD(a, b, c) __builtin_fmaf((a), (b), (c))
-#else
-#define SB_Q4_1_MADD(a, b, c) ((c) + (a) * (b))
-#endif
 
 static inline float sb_hsum_float_8(const __m256 x) {
     __m128 res = _mm256_extractf128_ps(x, 1);
@@ -145,8 +138,7 @@ SB_QX_0(sb_q4_0_q8_0, SB_Q4_0)
 SB_QX_0(sb_q5_0_q8_0, SB_Q5_0)
 
 // Q4_1: the codes of a block unpacked once, the integer lanes per activation row as above; the offsets'
-// products summed per row in a float scalar, one a block, as vec_dot does (the product rounded to float,
-// then added: SB_Q4_1_MADD).
+// products summed per row in a float scalar, one a block, as vec_dot does.
 static inline __attribute__((always_inline)) void sb_q4_1_q8_1(int n, float * s, const void * vx,
                                                                const void * const * vy, const int nc) {
     const block_q4_1 * x = (const block_q4_1 *) vx;
@@ -167,7 +159,10 @@ static inline __attribute__((always_inline)) void sb_q4_1_q8_1(int n, float * s,
         const __m256i qx = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(bits), _mm_srli_epi16(bits, 4), 1), m4);
         for (int c = 0; c < nc; ++c) {
             const block_q8_1 * y = (const block_q8_1 *) vy[c] + i;
-            summs[c] = SB_Q4_1_MADD(xm, GGML_CPU_FP16_TO_FP32(y->s), summs[c]);
+            // written as vec_dot writes it, so the compiler contracts it (or not) alike: one fma where the
+            // build allows contraction (GCC's default outside strict ISO C, as ggml builds), else a
+            // product and a sum
+            summs[c] += xm * GGML_CPU_FP16_TO_FP32(y->s);
             const __m256 d = _mm256_mul_ps(_mm256_set1_ps(xd), _mm256_set1_ps(GGML_CPU_FP16_TO_FP32(y->d)));
             const __m256i qy = _mm256_loadu_si256((const __m256i *) y->qs);
             acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sb_sum_us8(qx, qy)), acc[c]);
