@@ -38,15 +38,6 @@
 #define SB_Q8_0_PREFETCH 8
 #define SB_Q4_1_PREFETCH 12
 
-
-static inline float sb_hsum_float_8(const __m256 x) {
-    __m128 res = _mm256_extractf128_ps(x, 1);
-    res = _mm_add_ps(res, _mm256_castps256_ps128(x));
-    res = _mm_add_ps(res, _mm_movehl_ps(res, res));
-    res = _mm_add_ss(res, _mm_movehdup_ps(res));
-    return _mm_cvtss_f32(res);
-}
-
 // the eight int32 sums of |x| * (y with x's signs) over four neighbouring codes: vec_dot's
 // mul_sum_us8_pairs_float before its conversion
 static inline __m256i sb_sum_us8(const __m256i ax, const __m256i sy) {
@@ -59,6 +50,14 @@ static inline __m256i sb_sum_us8(const __m256i ax, const __m256i sy) {
 #endif
 }
 
+// 32 4-bit codes as bytes 0..15: the low nibbles (weights 0-15) then the high ones (16-31), as vec_dot's
+// bytes_from_nibbles_32 unpacks them
+static inline __m256i sb_nibbles_32(const uint8_t * qs) {
+    const __m128i bits = _mm_loadu_si128((const __m128i *) qs);
+    return _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(bits), _mm_srli_epi16(bits, 4), 1),
+                            _mm256_set1_epi8(0x0f));
+}
+
 // The codes of block i of a row of `type` as signed bytes, as vec_dot unpacks them, and its factor
 // d (type is a constant in every use, so the switch folds away)
 enum { SB_Q8_0, SB_Q4_0, SB_Q5_0 };
@@ -69,17 +68,12 @@ static inline __attribute__((always_inline)) __m256i sb_signed_codes(const int t
         case SB_Q4_0: {  // low nibbles: weights 0-15, high: 16-31; minus 8
             const block_q4_0 * x = (const block_q4_0 *) vx + i;
             *d = GGML_CPU_FP16_TO_FP32(x->d);
-            const __m128i bits = _mm_loadu_si128((const __m128i *) x->qs);
-            const __m256i q = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(bits), _mm_srli_epi16(bits, 4), 1),
-                                               _mm256_set1_epi8(0x0f));
-            return _mm256_sub_epi8(q, _mm256_set1_epi8(8));
+            return _mm256_sub_epi8(sb_nibbles_32(x->qs), _mm256_set1_epi8(8));
         }
         case SB_Q5_0: {  // as Q4_0, the fifth bits in qh; minus 16 (0xF0 where the bit is clear)
             const block_q5_0 * x = (const block_q5_0 *) vx + i;
             *d = GGML_CPU_FP16_TO_FP32(x->d);
-            const __m128i bits = _mm_loadu_si128((const __m128i *) x->qs);
-            const __m256i q = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(bits), _mm_srli_epi16(bits, 4), 1),
-                                               _mm256_set1_epi8(0x0f));
+            const __m256i q = sb_nibbles_32(x->qs);
             uint32_t qh;
             memcpy(&qh, x->qh, sizeof(qh));
             const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int) qh),
@@ -124,7 +118,7 @@ static inline __attribute__((always_inline)) void sb_qx_0_q8_0(const int type, i
         }
     }
     for (int c = 0; c < nc; ++c) {
-        s[c] = sb_hsum_float_8(acc[c]);
+        s[c] = ggml_smallbatch_hsum_float_8(acc[c]);
     }
 }
 
@@ -143,7 +137,6 @@ static inline __attribute__((always_inline)) void sb_q4_1_q8_1(int n, float * s,
                                                                const void * const * vy, const int nc) {
     const block_q4_1 * x = (const block_q4_1 *) vx;
     const int nb = n / QK4_1;
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
 
     __m256 acc[GGML_SMALLBATCH_MAX_COLS];
     float summs[GGML_SMALLBATCH_MAX_COLS];
@@ -155,8 +148,7 @@ static inline __attribute__((always_inline)) void sb_q4_1_q8_1(int n, float * s,
         _mm_prefetch((const char *) (x + i + SB_Q4_1_PREFETCH), _MM_HINT_T0);
         const float xd = GGML_CPU_FP16_TO_FP32(x[i].d);
         const float xm = GGML_CPU_FP16_TO_FP32(x[i].m);
-        const __m128i bits = _mm_loadu_si128((const __m128i *) x[i].qs);
-        const __m256i qx = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(bits), _mm_srli_epi16(bits, 4), 1), m4);
+        const __m256i qx = sb_nibbles_32(x[i].qs);
         for (int c = 0; c < nc; ++c) {
             const block_q8_1 * y = (const block_q8_1 *) vy[c] + i;
             // written as vec_dot writes it, so the compiler contracts it (or not) alike: one fma where the
@@ -169,7 +161,7 @@ static inline __attribute__((always_inline)) void sb_q4_1_q8_1(int n, float * s,
         }
     }
     for (int c = 0; c < nc; ++c) {
-        s[c] = sb_hsum_float_8(acc[c]) + summs[c];
+        s[c] = ggml_smallbatch_hsum_float_8(acc[c]) + summs[c];
     }
 }
 
@@ -178,39 +170,25 @@ GGML_SMALLBATCH_ROWS(sb_q4_0_q8_0, sb_q4_0_q8_0_nc)
 GGML_SMALLBATCH_ROWS(sb_q5_0_q8_0, sb_q5_0_q8_0_nc)
 GGML_SMALLBATCH_ROWS(sb_q4_1_q8_1, sb_q4_1_q8_1_nc)
 
-ggml_smallbatch_dot_t ggml_smallbatch_q8_0(void) {
-    return sb_q8_0_q8_0_nc;
-}
-
-ggml_smallbatch_dot_t ggml_smallbatch_q4_0(void) {
-    return sb_q4_0_q8_0_nc;
-}
-
-ggml_smallbatch_dot_t ggml_smallbatch_q5_0(void) {
-    return sb_q5_0_q8_0_nc;
-}
-
-ggml_smallbatch_dot_t ggml_smallbatch_q4_1(void) {
-    return sb_q4_1_q8_1_nc;
-}
-
+// The kernels where this instruction set has them; NULL: the per-row kernels are the only ones
+#define SB_LEGACY_KERNEL(NAME) NAME
 #else
+#define SB_LEGACY_KERNEL(NAME) NULL
+#endif
 
-// the per-row kernels are the only ones for this instruction set
 ggml_smallbatch_dot_t ggml_smallbatch_q8_0(void) {
-    return NULL;
+    return SB_LEGACY_KERNEL(sb_q8_0_q8_0_nc);
 }
 
 ggml_smallbatch_dot_t ggml_smallbatch_q4_0(void) {
-    return NULL;
+    return SB_LEGACY_KERNEL(sb_q4_0_q8_0_nc);
 }
 
 ggml_smallbatch_dot_t ggml_smallbatch_q5_0(void) {
-    return NULL;
+    return SB_LEGACY_KERNEL(sb_q5_0_q8_0_nc);
 }
 
 ggml_smallbatch_dot_t ggml_smallbatch_q4_1(void) {
-    return NULL;
+    return SB_LEGACY_KERNEL(sb_q4_1_q8_1_nc);
 }
 
-#endif

@@ -54,14 +54,6 @@
 #endif
 #define SB_Q6_K_NV (8 / SB_Q6_K_PARTS)  // code (and scale) vectors of a part
 
-static inline float sb_hsum_float_8(const __m256 x) {
-    __m128 res = _mm256_extractf128_ps(x, 1);
-    res = _mm_add_ps(res, _mm256_castps256_ps128(x));
-    res = _mm_add_ps(res, _mm_movehl_ps(res, res));
-    res = _mm_add_ss(res, _mm_movehdup_ps(res));
-    return _mm_cvtss_f32(res);
-}
-
 // nc is a compile-time constant in each instantiation below, so the column loops unroll and the
 // accumulators stay in registers.
 static inline __attribute__((always_inline)) void sb_q6_K_q8_K(int n, float * s, const void * vx,
@@ -151,7 +143,7 @@ static inline __attribute__((always_inline)) void sb_q6_K_q8_K(int n, float * s,
     }
 
     for (int c = 0; c < nc; ++c) {
-        s[c] = sb_hsum_float_8(acc[c]);
+        s[c] = ggml_smallbatch_hsum_float_8(acc[c]);
     }
 }
 
@@ -227,7 +219,7 @@ static inline __attribute__((always_inline)) void sb_q6_K_q8_K_512(int n, float 
     }
 
     for (int c = 0; c < nc; ++c) {
-        s[c] = sb_hsum_float_8(acc[c]);
+        s[c] = ggml_smallbatch_hsum_float_8(acc[c]);
     }
 }
 #define SB_Q6_K_512 1

@@ -16,6 +16,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -75,9 +79,21 @@ typedef void (*ggml_smallbatch_gemm_t)(int n, float * s, size_t bs, const void *
         } \
     }
 
+#if defined(__AVX2__)
+// The sum of eight float lanes in the order ggml's x86 vec_dot kernels take it (hsum_float_8 of
+// arch/x86/quants.c): the kernels' last float step, for results equal to theirs bit for bit.
+static inline float ggml_smallbatch_hsum_float_8(const __m256 x) {
+    __m128 res = _mm256_extractf128_ps(x, 1);
+    res = _mm_add_ps(res, _mm256_castps256_ps128(x));
+    res = _mm_add_ps(res, _mm_movehl_ps(res, res));
+    res = _mm_add_ss(res, _mm_movehdup_ps(res));
+    return _mm_cvtss_f32(res);
+}
+#endif
+
 // The four cache lines from p on (the kernels prefetch their weight stream by hand: smallbatch-q6_K.c),
-// for files that include <immintrin.h>. A macro: GCC 12 finds a function of prefetches alone free
-// of side effects and deletes the calls to it that it did not inline early.
+// in files built with the intrinsics (<immintrin.h>, included above). A macro: GCC 12 finds a function
+// of prefetches alone free of side effects and deletes the calls to it that it did not inline early.
 #define GGML_SMALLBATCH_PREFETCH_256(p)            \
     do {                                           \
         const char * sb_pf_ = (p);                 \
