@@ -184,6 +184,10 @@ class Request:
         """A fresh gamma policy (no learning carried over from another generation)."""
         return parse_gamma(self.gamma)
 
+    def call_names(self) -> tuple[str, ...]:
+        """The functions whose calls the answer is read for: the tools shown to the model."""
+        return tuple(t["function"]["name"] for t in tooling.shown_tools(self.tools, self.tool_choice) or ())
+
     def config(self, stop: tuple[str, ...] = ()) -> GenerationConfig:
         """The engine's settings for this request; `stop`: stop strings to add to the request's own
         (those of its framing, Framed.stop)."""
@@ -519,11 +523,11 @@ class Session:
                       device=self.target.device, device_layers=self.target.layers_on_device)
         snapped = -math.inf
         # an answer that repeats one of its tool calls ends there (tools.ToolCallStream)
-        names = [t["function"]["name"] for t in tooling.shown_tools(req.tools, req.tool_choice) or ()]
+        names = req.call_names()
         calls = tooling.ToolCallStream(names) if names else None
         halt = _Halt(stop)
         try:
-            for ev in engine.generate(framed.tokens, req.config(framed.stop), halt if calls is not None else stop):
+            for ev in engine.generate(framed.tokens, req.config(framed.stop), halt):
                 reply.add(ev.tokens, ev.sources, ev.pieces, ev.drafted_by, ev.stats, ev.finish_reason, ev.logprobs)
                 if calls is not None:
                     if ev.finish_reason is None:

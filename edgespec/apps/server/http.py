@@ -30,7 +30,6 @@ from edgespec.apps.server.protocol import (
     CompletionBody,
     Envelope,
     Kind,
-    call_names,
     log_summary,
     parse,
     sse,
@@ -230,7 +229,7 @@ async def _generate(request: HTTPRequest, kind: Kind, log: Callable[[dict], None
     except BaseException:
         job.stop.set()
         raise
-    env = Envelope.new(kind, server.slot.id, tools=call_names(req))
+    env = Envelope.new(kind, server.slot.id, tools=req.call_names())
     if body.stream:
         usage = bool((body.stream_options or {}).get("include_usage"))
         return StreamingResponse(stream(job, env, usage, log), media_type="text/event-stream",

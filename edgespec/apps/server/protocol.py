@@ -687,11 +687,6 @@ class Chunks:
         return out
 
 
-def call_names(req: Request) -> tuple[str, ...]:
-    """The functions whose calls the answer to `req` is read for: the tools it showed the model."""
-    return tuple(t["function"]["name"] for t in tooling.shown_tools(req.tools, req.tool_choice) or ())
-
-
 def _call_finish(finish: str) -> str:
     """finish_reason of an answer that made tool calls: 'tool_calls', unless it was cut short."""
     return "tool_calls" if FINISH.get(finish, "stop") == "stop" else FINISH[finish]
