@@ -146,8 +146,7 @@ def _cpu_runs_512_bit_kernels() -> bool:
 @needs_kernels
 @pytest.mark.skipif(not _cpu_runs_512_bit_kernels(), reason="no AVX-512 VNNI here: the module has only 256-bit kernels")
 def test_512_bit_kernels_give_the_256_bit_ones_logits_bit_for_bit(gemma_path, tmp_path):
-    """The 512-bit Q4_K and Q6_K kernels (taken by default where the CPU runs them at full width, AMD
-    Zen 5) compute every row with the per-row kernels' integers and float steps, as the 256-bit ones
+    """The 512-bit Q4_K and Q6_K kernels (taken by default on AMD Zen 4 and later) compute every row with the per-row kernels' integers and float steps, as the 256-bit ones
     do: the logits of every batch in KS are the same bits either way, with the repacked Q4_K path and
     with the Q6_K kernel (tiled path and repacking off)."""
     for repack, env in ((True, {}), (False, {"GGML_CPU_TILED_MM": "0"})):

@@ -22,7 +22,7 @@ VARIABLES = {
     "EDGESPEC_RECALIBRATE": "yes: measure every cost profile again instead of reading the stored one",
     "EDGESPEC_KERNELS": "smallbatch (default): EdgeSpec's small-batch CPU kernels; stock: llama.cpp's own",
     "GGML_CPU_SMALLBATCH": "no: the small-batch kernels' module computes with llama.cpp's arithmetic (comparisons)",
-    "GGML_SMALLBATCH_512": "yes/no: the small-batch kernels' 512-bit forms (default: yes on CPUs that run them at full width, AMD Zen 5)",
+    "GGML_SMALLBATCH_512": "yes/no: the small-batch kernels' 512-bit forms (default: yes on AMD Zen 4 and later)",
     "EDGESPEC_KERNEL_MODULES": "folder of the small-batch CPU modules (default: the set-up's)",
     "EDGESPEC_EXACT_MODULES": "folder of the exact-mode CPU modules (default: the set-up's)",
     "EDGESPEC_CPU_VARIANT": "the CPU module variant to load (haswell, zen4, ...) instead of the best one",
@@ -134,7 +134,7 @@ def normalize_smallbatch_switch() -> bool:
 def normalize_smallbatch_512() -> None:
     """GGML_SMALLBATCH_512, read by the small-batch module itself (C's atoi): a yes/no value here,
     written back as 1 or 0 before the module reads it; unset or empty leaves the choice to the
-    module (512-bit forms where the CPU runs them at full width)."""
+    module (512-bit forms on AMD Zen 4 and later)."""
     if text("GGML_SMALLBATCH_512") is None:
         os.environ.pop("GGML_SMALLBATCH_512", None)
     else:

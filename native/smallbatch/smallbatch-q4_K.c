@@ -318,9 +318,11 @@ static inline __attribute__((always_inline)) void sb_q4_Kx8_q8_K_avx2(int n, flo
 #endif
 
 #ifdef GGML_SMALLBATCH_HAS_512
-// 512-bit form, for CPUs that run 512-bit vpdpbusd at full width (AMD Zen 5: two a cycle, as many as
-// 256-bit ones; Zen 4 splits them in two halves). There the multiplies are cheap enough that the
-// kernel's time follows its count of vector instructions of every kind, so it is written for few:
+// 512-bit form (ggml_smallbatch_512: AMD Zen 4 and later). Zen 5 runs 512-bit vpdpbusd at full width
+// (two a cycle, as many as 256-bit ones); Zen 4 splits them in two halves, and still gains from the
+// form's fewer instructions of other kinds (1.16-1.19x the 256-bit kernel in cache at 2-8 rows). Where
+// the multiplies are that cheap the kernel's time follows its count of vector instructions of every
+// kind, so it is written for few:
 // * The interleaved layout is used as it is: one 64-byte load holds the same 8 bytes (16 weights: 8 of
 //   sub-block 2sb in the low nibbles, 8 of 2sb+1 in the high ones) of each of the eight rows, a 64-bit
 //   lane a row, in natural order. Each activation row broadcasts its matching 8 bytes to every 64-bit

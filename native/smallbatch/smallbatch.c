@@ -15,34 +15,38 @@ bool ggml_smallbatch_enabled(void) {
     return enabled != 0;
 }
 
-#ifdef GGML_SMALLBATCH_HAS_512
-#if defined(__GNUC__) || defined(__clang__)
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
-// AMD family 1Ah (Zen 5) and later: 512-bit vector units at full width
-static bool sb_cpu_full_width_512(void) {
-    unsigned a, b, c, d;
-    if (!__get_cpuid(0, &a, &b, &c, &d) || !(b == 0x68747541 && d == 0x69746e65 && c == 0x444d4163)) {  // "AuthenticAMD"
-        return false;
+// The CPU's family if it is an AMD one (0x19: Zen 3 and Zen 4, 0x1a: Zen 5), else 0
+static inline unsigned sb_amd_family(void) {
+    static int family = -1;
+    if (family < 0) {
+        unsigned a, b, c, d;
+        family = 0;
+        if (__get_cpuid(0, &a, &b, &c, &d) && b == 0x68747541 && d == 0x69746e65 && c == 0x444d4163 &&  // "AuthenticAMD"
+            __get_cpuid(1, &a, &b, &c, &d)) {
+            family = (int) (((a >> 8) & 0xf) == 0xf ? 0xf + ((a >> 20) & 0xff) : (a >> 8) & 0xf);
+        }
     }
-    if (!__get_cpuid(1, &a, &b, &c, &d)) {
-        return false;
-    }
-    const unsigned family = ((a >> 8) & 0xf) == 0xf ? 0xf + ((a >> 20) & 0xff) : (a >> 8) & 0xf;
-    return family >= 0x1a;
+    return (unsigned) family;
 }
 #else
-static bool sb_cpu_full_width_512(void) {
-    return false;
+static inline unsigned sb_amd_family(void) {
+    return 0;
 }
 #endif
-#endif
 
+// The 512-bit forms on AMD family 19h with AVX-512 (Zen 4) and later. Zen 5 runs 512-bit vpdpbusd at
+// full width (twice the multiply-adds per cycle of 256-bit ones); Zen 4 splits each in two halves, yet
+// the 512-bit forms are faster there too from 8 rows on, having fewer instructions of other kinds (no
+// regrouping shuffles, a sub-block's scale by one dpwssd): the real 1.5B's passes over 16 rows 0.90-0.93x,
+// 2-4 rows alike (docs/kernels.md). A family 19h CPU without AVX-512 (Zen 3) runs a module without them.
 bool ggml_smallbatch_512(void) {
 #ifdef GGML_SMALLBATCH_HAS_512
     static int wide = -1;
     if (wide < 0) {
         const char * env = getenv("GGML_SMALLBATCH_512");
-        wide = env != NULL && *env != '\0' ? atoi(env) != 0 : sb_cpu_full_width_512();
+        wide = env != NULL && *env != '\0' ? atoi(env) != 0 : sb_amd_family() >= 0x19;
     }
     return wide != 0;
 #else
@@ -61,18 +65,39 @@ ggml_smallbatch_dot_t ggml_smallbatch_kernel(enum ggml_type type) {
     }
 }
 
-// Whether the kernel for `type` takes a single activation row too. The legacy quants' kernels do the
-// per-row arithmetic with the weights loaded once for several rows; for one row they save nothing and
-// measured 3-7% slower than vec_dot in cache (native/smallbatch/bench), so one row stays with vec_dot.
-static bool sb_takes_one_row(enum ggml_type type) {
-    return type != GGML_TYPE_Q8_0 && type != GGML_TYPE_Q4_0 && type != GGML_TYPE_Q5_0 && type != GGML_TYPE_Q4_1;
+// Whether the kernel for `type` takes a single activation row too (plain decoding, and every step that
+// drafts nothing). A single-row pass streams the weights once and is bound by memory where ggml's own
+// kernel keeps up with it:
+// * The legacy quants' kernels do the per-row arithmetic with the weights loaded once for several rows;
+//   for one row they save nothing and measured 3-7% slower than vec_dot in cache (native/smallbatch/bench).
+// * Repacked Q4_K: the kernel took one row on AMD Zen 3 (AVX2 without VNNI: T(1) 0.85x of ggml's gemv,
+//   docs/kernels.md) but was slower than the gemv on Zen 4 (AVX-512 VNNI, 256-bit forms: T(1) 1.03-1.08x,
+//   though faster in cache, in either width). It takes one row where the build has no VNNI and on
+//   Zen 5 (as measured there before this rule), and leaves it to ggml's gemv otherwise.
+// * Q6_K: through the kernel everywhere (Zen 4 0.94-1.03x of vec_dot, within noise).
+bool ggml_smallbatch_takes_one_row(enum ggml_type type) {
+    switch (type) {
+        case GGML_TYPE_Q8_0:
+        case GGML_TYPE_Q4_0:
+        case GGML_TYPE_Q5_0:
+        case GGML_TYPE_Q4_1:
+            return false;
+        case GGML_TYPE_Q4_K:
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+            return sb_amd_family() >= 0x1a;
+#else
+            return true;
+#endif
+        default:
+            return true;
+    }
 }
 
 bool ggml_smallbatch_claims(const struct ggml_tensor * dst) {
     const struct ggml_tensor * src0 = dst->src[0];
     const struct ggml_tensor * src1 = dst->src[1];
     return src0->extra == NULL && src1->ne[1] <= GGML_SMALLBATCH_MAX_BATCH &&
-           (src1->ne[1] > 1 || sb_takes_one_row(src0->type)) &&
+           (src1->ne[1] > 1 || ggml_smallbatch_takes_one_row(src0->type)) &&
            src1->ne[2] == 1 && src1->ne[3] == 1 && ggml_smallbatch_enabled() &&
            ggml_smallbatch_kernel(src0->type) != NULL;
 }
@@ -83,7 +108,7 @@ bool ggml_smallbatch_mul_mat_chunk(const struct ggml_tensor * dst, const void * 
     const struct ggml_tensor * src0 = dst->src[0];
     const struct ggml_tensor * src1 = dst->src[1];
 
-    if (ir1_end <= ir1_start || !ggml_smallbatch_enabled() || (src1->ne[1] == 1 && !sb_takes_one_row(src0->type))) {
+    if (ir1_end <= ir1_start || !ggml_smallbatch_enabled() || (src1->ne[1] == 1 && !ggml_smallbatch_takes_one_row(src0->type))) {
         return false;
     }
     const ggml_smallbatch_dot_t dot = ggml_smallbatch_kernel(src0->type);

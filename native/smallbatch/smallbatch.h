@@ -111,16 +111,18 @@ bool ggml_smallbatch_enabled(void);
 #define GGML_SMALLBATCH_HAS_512 1
 #endif
 
-// Whether the kernels take their 512-bit forms (where the build has AVX-512 VNNI): on CPUs that run
-// 512-bit vpdpbusd at full width, as many a cycle as 256-bit ones (AMD Zen 5 and later, measured: twice
-// the multiply-adds per cycle), not where each is split in two halves (Zen 4: its earlier 512-bit forms
-// measured 0.80-1.00x) or where it is unmeasured (Intel). GGML_SMALLBATCH_512=0 or 1 in the environment
-// decides instead, for comparisons. A property of the CPU, read once at run time.
+// Whether the kernels take their 512-bit forms (where the build has AVX-512 VNNI): on AMD Zen 4 and
+// later, where they measured faster (Zen 5 runs 512-bit vpdpbusd at full width; Zen 4 splits each in two
+// halves but gains from the forms' fewer other instructions), not on Intel, where they are unmeasured.
+// GGML_SMALLBATCH_512=0 or 1 in the environment decides instead, for comparisons. A property of the
+// CPU, read once at run time.
 bool ggml_smallbatch_512(void);
 
 // The kernel for weights of `type` in this build (NULL: none, use the per-row path). One source
 // file per family of weight types provides its getter.
 ggml_smallbatch_dot_t ggml_smallbatch_kernel(enum ggml_type type);
+// Whether a single activation row of `type` goes to the small-batch kernel (else to ggml's own kernel).
+bool ggml_smallbatch_takes_one_row(enum ggml_type type);
 ggml_smallbatch_dot_t ggml_smallbatch_q6_K(void);
 ggml_smallbatch_dot_t ggml_smallbatch_q8_0(void);  // smallbatch-legacy.c
 ggml_smallbatch_dot_t ggml_smallbatch_q4_0(void);
