@@ -223,19 +223,31 @@ def test_benchmark_baseline_env_is_name_value():
             baseline_env(argparse.Namespace(baseline_env=[bad]))
 
 
-def test_the_512_bit_switch_is_read_as_yes_or_no(monkeypatch):
-    """GGML_SMALLBATCH_512 reaches the C module as 1 or 0 (its atoi would read 'yes' as 0), empty is
-    unset (the module chooses), and a value that is no yes/no is a one-line error naming it."""
+@needs_kernels
+def test_the_prefetch_level_changes_no_logit(gemma_path, tmp_path):
+    """Prefetching the weights into L2 only or into L1 too (GGML_SMALLBATCH_PREFETCH_L2; the default
+    depends on the CPU) moves no bit of any batch's logits, and the module says which level ran."""
+    env = {"GGML_CPU_TILED_MM": "0"}  # the Q6_K kernel too, not only the repacked Q4_K one
+    l2, l2_info = _logits(gemma_path, tmp_path / "l2.npy", "smallbatch", {**env, "GGML_SMALLBATCH_PREFETCH_L2": "yes"})
+    l1, l1_info = _logits(gemma_path, tmp_path / "l1.npy", "smallbatch", {**env, "GGML_SMALLBATCH_PREFETCH_L2": "no"})
+    assert (l2_info["kernel_prefetch"], l1_info["kernel_prefetch"]) == ("L2", "L1")
+    assert float(np.max(np.abs(l2 - l1))) == 0.0
+
+
+@pytest.mark.parametrize("name", ["GGML_SMALLBATCH_512", "GGML_SMALLBATCH_PREFETCH_L2"])
+def test_the_module_switches_are_read_as_yes_or_no(monkeypatch, name):
+    """The small-batch module's yes/no switches reach its C code as 1 or 0 (its atoi would read 'yes' as
+    0), empty is unset (the module chooses), and a value that is no yes/no is a one-line error naming it."""
     from edgespec.runtime import env
     from edgespec.runtime.errors import EdgeSpecError
 
     for given, sent in (("yes", "1"), ("On", "1"), ("no", "0"), ("0", "0")):
-        monkeypatch.setenv("GGML_SMALLBATCH_512", given)
-        env.normalize_smallbatch_512()
-        assert os.environ["GGML_SMALLBATCH_512"] == sent
-    monkeypatch.setenv("GGML_SMALLBATCH_512", " ")
-    env.normalize_smallbatch_512()
-    assert "GGML_SMALLBATCH_512" not in os.environ
-    monkeypatch.setenv("GGML_SMALLBATCH_512", "wide")
-    with pytest.raises(EdgeSpecError, match="GGML_SMALLBATCH_512"):
-        env.normalize_smallbatch_512()
+        monkeypatch.setenv(name, given)
+        env.normalize_smallbatch_flags()
+        assert os.environ[name] == sent
+    monkeypatch.setenv(name, " ")
+    env.normalize_smallbatch_flags()
+    assert name not in os.environ
+    monkeypatch.setenv(name, "wide")
+    with pytest.raises(EdgeSpecError, match=name):
+        env.normalize_smallbatch_flags()

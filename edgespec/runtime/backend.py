@@ -115,10 +115,13 @@ class Backend:
     # vector width in bits of the small-batch kernels that run: 512 where the module has 512-bit forms
     # and the CPU takes them (AMD Zen 4 and later, or GGML_SMALLBATCH_512 says so), else 256; None for stock
     kernel_bits: int | None = None
+    # where the small-batch kernels prefetch their weights when they take several rows: 'L2' (AMD Zen 4,
+    # or GGML_SMALLBATCH_PREFETCH_L2 says so) or 'L1'; None for stock
+    kernel_prefetch: str | None = None
 
     def to_dict(self) -> dict:
         return {"mode": self.mode, "cpu_variant": self.variant, "kernels": self.kernels,
-                "kernel_bits": self.kernel_bits, "gpu_backends": self.others, "cpu": self.cpu.model}
+                "kernel_bits": self.kernel_bits, "kernel_prefetch": self.kernel_prefetch, "gpu_backends": self.others, "cpu": self.cpu.model}
 
 
 def lib_dir() -> Path:
@@ -308,7 +311,7 @@ def load(llama: ModuleType, mode: str = "fast") -> Backend:
         choice = ranked[0][:2]
     kernels = "stock"
     switch = env.normalize_smallbatch_switch()  # GGML_CPU_SMALLBATCH=0 runs the patched module unpatched
-    env.normalize_smallbatch_512()  # GGML_SMALLBATCH_512: their 512-bit forms or the 256-bit ones
+    env.normalize_smallbatch_flags()  # GGML_SMALLBATCH_512 and _PREFETCH_L2: their 512-bit forms, their prefetch level
     if mode == "fast" and (patched := _kernel_module(choice[0], cpu.signature, manifest)) is not None:
         choice, kernels = (choice[0], patched), "smallbatch" if switch else "stock"
     if forced and unchecked:
@@ -358,6 +361,14 @@ def kernel_bits(kernels: str, system_info: str) -> int | None:
     if kernels != "smallbatch":
         return None
     return 512 if features(system_info).get("SMALLBATCH_512") == "1" else 256
+
+
+def kernel_prefetch(kernels: str, system_info: str) -> str | None:
+    """Where the small-batch kernels prefetch their weight stream when they take several rows, as the
+    loaded CPU module reports it (SMALLBATCH_PREFETCH_L2 = 1: 'L2', else 'L1'); None when they do not run."""
+    if kernels != "smallbatch":
+        return None
+    return "L2" if features(system_info).get("SMALLBATCH_PREFETCH_L2") == "1" else "L1"
 
 
 def features(system_info: str) -> dict[str, str]:

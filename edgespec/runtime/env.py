@@ -23,6 +23,7 @@ VARIABLES = {
     "EDGESPEC_KERNELS": "smallbatch (default): EdgeSpec's small-batch CPU kernels; stock: llama.cpp's own",
     "GGML_CPU_SMALLBATCH": "no: the small-batch kernels' module computes with llama.cpp's arithmetic (comparisons)",
     "GGML_SMALLBATCH_512": "yes/no: the small-batch kernels' 512-bit forms (default: yes on AMD Zen 4 and later)",
+    "GGML_SMALLBATCH_PREFETCH_L2": "yes/no: the small-batch kernels prefetch their weights into L2 only (default: yes on AMD Zen 4)",
     "EDGESPEC_KERNEL_MODULES": "folder of the small-batch CPU modules (default: the set-up's)",
     "EDGESPEC_EXACT_MODULES": "folder of the exact-mode CPU modules (default: the set-up's)",
     "EDGESPEC_CPU_VARIANT": "the CPU module variant to load (haswell, zen4, ...) instead of the best one",
@@ -131,14 +132,19 @@ def normalize_smallbatch_switch() -> bool:
     return on
 
 
-def normalize_smallbatch_512() -> None:
-    """GGML_SMALLBATCH_512, read by the small-batch module itself (C's atoi): a yes/no value here,
-    written back as 1 or 0 before the module reads it; unset or empty leaves the choice to the
-    module (512-bit forms on AMD Zen 4 and later)."""
-    if text("GGML_SMALLBATCH_512") is None:
-        os.environ.pop("GGML_SMALLBATCH_512", None)
-    else:
-        os.environ["GGML_SMALLBATCH_512"] = "1" if flag("GGML_SMALLBATCH_512") else "0"
+# yes/no settings read by the small-batch module itself (C's atoi), for comparisons; unset, the module
+# chooses by the CPU (512-bit forms on AMD Zen 4 and later; prefetching into L2 on Zen 4)
+SMALLBATCH_FLAGS = ("GGML_SMALLBATCH_512", "GGML_SMALLBATCH_PREFETCH_L2")
+
+
+def normalize_smallbatch_flags() -> None:
+    """SMALLBATCH_FLAGS as yes/no values here, written back as 1 or 0 before the module reads them;
+    unset or empty leaves the choice to the module."""
+    for name in SMALLBATCH_FLAGS:
+        if text(name) is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = "1" if flag(name) else "0"
 
 
 def recalibrate() -> bool:

@@ -199,7 +199,9 @@ def lib() -> ModuleType:
         with _CCall():
             _backend = backend.load(llama_cpp, _mode)
             llama_cpp.llama_backend_init()
-            _backend.kernel_bits = backend.kernel_bits(_backend.kernels, llama_cpp.llama_print_system_info().decode())
+            system_info = llama_cpp.llama_print_system_info().decode()
+            _backend.kernel_bits = backend.kernel_bits(_backend.kernels, system_info)
+            _backend.kernel_prefetch = backend.kernel_prefetch(_backend.kernels, system_info)
         _lib = llama_cpp
         _check_interrupt()
     return _lib

@@ -183,7 +183,8 @@ def _key(model: Model) -> str:
     parts = [
         *model.file.identity,  # as loaded: a server goes on after its file is removed
         model.n_threads, model.flash_attn, model.repack,
-        getattr(runtime.lib(), "__version__", ""), be.mode, be.variant, be.module, be.kernels, be.kernel_bits, be.cpu.signature,
+        getattr(runtime.lib(), "__version__", ""), be.mode, be.variant, be.module, be.kernels, be.kernel_bits, be.kernel_prefetch,
+        be.cpu.signature,
         sorted(os.sched_getaffinity(0)), PROFILE_VERSION, CONTEXT_AT,
     ]
     if model.device != backend.CPU_DEVICE:  # the passes run there (CPU keys stay as they were)

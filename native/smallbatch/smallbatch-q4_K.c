@@ -110,7 +110,7 @@ static inline __attribute__((always_inline)) void sb_q4_Kx8_q8_K(int n, float * 
         }
         for (int b = 0; b < nb; ++b) {
             for (int l = 0; l < (int) sizeof(sb_block_q4_Kx8); l += 256) {  // 1,152 bytes
-                GGML_SMALLBATCH_PREFETCH_256((const char *) (w + b + SB_Q4_KX8_PREFETCH) + l);
+                GGML_SMALLBATCH_PREFETCH_256((const char *) (w + b + SB_Q4_KX8_PREFETCH) + l, GGML_SMALLBATCH_PREFETCH_L2(nr));
             }
             const __m256 d_lanes = _mm256_cvtph_ps(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *) w[b].d), lane_order16));
             const __m256 dmin    = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) w[b].dmin));
@@ -264,7 +264,7 @@ static inline __attribute__((always_inline)) void sb_q4_Kx8_q8_K_avx2(int n, flo
         }
         for (int b = 0; b < nb; ++b) {
             for (int l = 0; l < (int) sizeof(sb_block_q4_Kx8); l += 256) {  // 1,152 bytes
-                GGML_SMALLBATCH_PREFETCH_256((const char *) (w + b + SB_Q4_KX8_PREFETCH) + l);
+                GGML_SMALLBATCH_PREFETCH_256((const char *) (w + b + SB_Q4_KX8_PREFETCH) + l, GGML_SMALLBATCH_PREFETCH_L2(nr));
             }
             const __m256 d    = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) w[b].d));
             const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) w[b].dmin));
@@ -367,7 +367,7 @@ static inline __attribute__((always_inline)) void sb_q4_Kx8_q8_K_512(int n, floa
         }
         for (int b = 0; b < nb; ++b) {
             for (int l = 0; l < (int) sizeof(sb_block_q4_Kx8); l += 256) {  // 1,152 bytes
-                GGML_SMALLBATCH_PREFETCH_256((const char *) (w + b + SB_Q4_KX8_PREFETCH_512) + l);
+                GGML_SMALLBATCH_PREFETCH_256((const char *) (w + b + SB_Q4_KX8_PREFETCH_512) + l, GGML_SMALLBATCH_PREFETCH_L2(nr));
             }
             const __m512 d_dmin = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) w[b].d))),
                                                      _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) w[b].dmin)), 1);

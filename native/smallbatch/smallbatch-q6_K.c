@@ -71,7 +71,7 @@ static inline __attribute__((always_inline)) void sb_q6_K_q8_K(int n, float * s,
 
     for (int i = 0; i < nb; ++i) {
         const float xd = GGML_CPU_FP16_TO_FP32(x[i].d);
-        GGML_SMALLBATCH_PREFETCH_256((const char *) (x + i + SB_Q6_K_PREFETCH));  // a block_q6_K is 210 bytes
+        GGML_SMALLBATCH_PREFETCH_256((const char *) (x + i + SB_Q6_K_PREFETCH), GGML_SMALLBATCH_PREFETCH_L2(nc));  // a block_q6_K is 210 bytes
 
         const __m128i scales    = _mm_loadu_si128((const __m128i *) x[i].scales);
         const __m256i scales_16 = _mm256_cvtepi8_epi16(scales);
@@ -177,7 +177,7 @@ static inline __attribute__((always_inline)) void sb_q6_K_q8_K_512(int n, float 
 
     for (int i = 0; i < nb; ++i) {
         const float xd = GGML_CPU_FP16_TO_FP32(x[i].d);
-        GGML_SMALLBATCH_PREFETCH_256((const char *) (x + i + SB_Q6_K_PREFETCH_512));
+        GGML_SMALLBATCH_PREFETCH_256((const char *) (x + i + SB_Q6_K_PREFETCH_512), GGML_SMALLBATCH_PREFETCH_L2(nc));
 
         const __m256i scales_16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *) x[i].scales));
         const __m512i scales_z  = _mm512_castsi256_si512(scales_16);

@@ -54,6 +54,23 @@ bool ggml_smallbatch_512(void) {
 #endif
 }
 
+// Prefetching the weight stream into L2 only: on AMD Zen 4 (family 19h with AVX-512) the kernels' passes
+// over 2-8 rows of the real 1.5B took 0.74-0.88x the time with prefetcht1 that they took with prefetcht0
+// (docs/kernels.md); there a prefetcht0 seems to hold one of the core's few L1 miss buffers until its line
+// arrives, where the L2's queue is deeper. Elsewhere (Zen 3, Zen 5, Intel) the prefetcht0 measured before
+// stays until measured. GGML_SMALLBATCH_PREFETCH_L2=0 or 1 decides instead, for comparisons.
+int ggml_smallbatch_prefetch_l2 = 0;
+
+__attribute__((constructor)) static void sb_prefetch_level(void) {
+    const char * env = getenv("GGML_SMALLBATCH_PREFETCH_L2");
+#ifdef GGML_SMALLBATCH_HAS_512
+    const int zen4 = sb_amd_family() == 0x19;  // family 19h with this build's AVX-512: Zen 4, not Zen 3
+#else
+    const int zen4 = 0;
+#endif
+    ggml_smallbatch_prefetch_l2 = env != NULL && *env != '\0' ? atoi(env) != 0 : zen4;
+}
+
 ggml_smallbatch_dot_t ggml_smallbatch_kernel(enum ggml_type type) {
     switch (type) {
         case GGML_TYPE_Q6_K: return ggml_smallbatch_q6_K();

@@ -91,17 +91,34 @@ static inline float ggml_smallbatch_hsum_float_8(const __m256 x) {
 }
 #endif
 
-// The four cache lines from p on (the kernels prefetch their weight stream by hand: smallbatch-q6_K.c),
-// in files built with the intrinsics (<immintrin.h>, included above). A macro: GCC 12 finds a function
-// of prefetches alone free of side effects and deletes the calls to it that it did not inline early.
-#define GGML_SMALLBATCH_PREFETCH_256(p)            \
-    do {                                           \
-        const char * sb_pf_ = (p);                 \
-        _mm_prefetch(sb_pf_, _MM_HINT_T0);         \
-        _mm_prefetch(sb_pf_ + 64, _MM_HINT_T0);    \
-        _mm_prefetch(sb_pf_ + 128, _MM_HINT_T0);   \
-        _mm_prefetch(sb_pf_ + 192, _MM_HINT_T0);   \
+// Whether the kernels prefetch their weight stream into L2 only (prefetcht1) rather than into L1 too
+// (prefetcht0) when they take several activation rows: set once when the module loads, from
+// GGML_SMALLBATCH_PREFETCH_L2 (0 or 1) or else the CPU (smallbatch.c: L2 on AMD Zen 4, where it measured
+// faster; L1 elsewhere, as measured before).
+extern int ggml_smallbatch_prefetch_l2;
+
+// The four cache lines from p on, into L2 where l2 is true (a branch that always goes the same way,
+// or none where l2 is a constant), else into L1 as well. In files built with the intrinsics
+// (<immintrin.h>, included above). A macro: GCC 12 finds a function of prefetches alone free of side
+// effects and deletes the calls to it that it did not inline early.
+#define GGML_SMALLBATCH_PREFETCH_256(p, l2)              \
+    do {                                                 \
+        const char * sb_pf_ = (p);                       \
+        if (l2) {                                        \
+            _mm_prefetch(sb_pf_, _MM_HINT_T1);           \
+            _mm_prefetch(sb_pf_ + 64, _MM_HINT_T1);      \
+            _mm_prefetch(sb_pf_ + 128, _MM_HINT_T1);     \
+            _mm_prefetch(sb_pf_ + 192, _MM_HINT_T1);     \
+        } else {                                         \
+            _mm_prefetch(sb_pf_, _MM_HINT_T0);           \
+            _mm_prefetch(sb_pf_ + 64, _MM_HINT_T0);      \
+            _mm_prefetch(sb_pf_ + 128, _MM_HINT_T0);     \
+            _mm_prefetch(sb_pf_ + 192, _MM_HINT_T0);     \
+        }                                                \
     } while (0)
+// Whether a kernel taking nr activation rows prefetches into L2: with one row its loop is fast enough
+// that L2's latency shows (the real 1.5B's single-row pass measured up to 1.07x slower so), so L1
+#define GGML_SMALLBATCH_PREFETCH_L2(nr) (ggml_smallbatch_prefetch_l2 && (nr) > 1)
 
 // False when GGML_CPU_SMALLBATCH=0 in the environment turns the kernels off (for comparisons).
 bool ggml_smallbatch_enabled(void);
