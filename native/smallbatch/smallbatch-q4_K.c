@@ -68,7 +68,7 @@ static inline __m256i sb_scales_mins(const uint8_t * packed) {
 // With VNNI, the high nibbles of a byte are used in place, as 16 x the code (0..240): dpbusd sums the
 // four products in 32 bits, exactly. Without it maddubs' 16-bit pair sums would saturate, so the
 // codes are shifted down as before.
-#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+#ifdef GGML_SMALLBATCH_HAS_VNNI
 #define SB_Q4_HIGH_X16 1
 #else
 #define SB_Q4_HIGH_X16 0

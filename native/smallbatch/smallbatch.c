@@ -55,7 +55,7 @@ bool ggml_smallbatch_512(void) {
 }
 
 // Prefetching the weight stream into L2 only: on AMD Zen 4 (family 19h with AVX-512) the kernels' passes
-// over 2-8 rows of the real 1.5B took 0.74-0.88x the time with prefetcht1 that they took with prefetcht0
+// over 2-8 rows of the real 1.5B took 0.75-0.89x the time with prefetcht1 that they took with prefetcht0
 // (docs/kernels.md); there a prefetcht0 seems to hold one of the core's few L1 miss buffers until its line
 // arrives, where the L2's queue is deeper. Elsewhere (Zen 3, Zen 5, Intel) the prefetcht0 measured before
 // stays until measured. GGML_SMALLBATCH_PREFETCH_L2=0 or 1 decides instead, for comparisons.
@@ -100,7 +100,7 @@ bool ggml_smallbatch_takes_one_row(enum ggml_type type) {
         case GGML_TYPE_Q4_1:
             return false;
         case GGML_TYPE_Q4_K:
-#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+#ifdef GGML_SMALLBATCH_HAS_VNNI
             return sb_amd_family() >= 0x1a;
 #else
             return true;

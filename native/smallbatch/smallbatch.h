@@ -128,6 +128,11 @@ bool ggml_smallbatch_enabled(void);
 #define GGML_SMALLBATCH_HAS_512 1
 #endif
 
+// Whether this build has a 256-bit vpdpbusd (AVX-512 VNNI with VL, or AVX-VNNI)
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+#define GGML_SMALLBATCH_HAS_VNNI 1
+#endif
+
 // Whether the kernels take their 512-bit forms (where the build has AVX-512 VNNI): on AMD Zen 4 and
 // later, where they measured faster (Zen 5 runs 512-bit vpdpbusd at full width; Zen 4 splits each in two
 // halves but gains from the forms' fewer other instructions), not on Intel, where they are unmeasured.
