@@ -71,6 +71,11 @@ __attribute__((constructor)) static void sb_prefetch_level(void) {
     ggml_smallbatch_prefetch_l2 = env != NULL && *env != '\0' ? atoi(env) != 0 : zen4;
 }
 
+int ggml_smallbatch_call_rows(int64_t left) {
+    const int64_t calls = (left + GGML_SMALLBATCH_MAX_COLS - 1) / GGML_SMALLBATCH_MAX_COLS;
+    return (int) ((left + calls - 1) / calls);
+}
+
 ggml_smallbatch_dot_t ggml_smallbatch_kernel(enum ggml_type type) {
     switch (type) {
         case GGML_TYPE_Q6_K: return ggml_smallbatch_q6_K();
@@ -149,7 +154,8 @@ bool ggml_smallbatch_mul_mat_chunk(const struct ggml_tensor * dst, const void * 
         int64_t i02 = 0;
         int64_t i03 = 0;
         int64_t c   = c0;
-        for (; c < ir1_end && nc < GGML_SMALLBATCH_MAX_COLS; ++c) {
+        const int take = ggml_smallbatch_call_rows(ir1_end - c0);
+        for (; c < ir1_end && nc < take; ++c) {
             const int64_t i13 = c / (ne12 * ne1);
             const int64_t i12 = (c - i13 * ne12 * ne1) / ne1;
             const int64_t i11 = c - i13 * ne12 * ne1 - i12 * ne1;

@@ -38,6 +38,12 @@ extern "C" {
 #define GGML_SMALLBATCH_Q4_K_MAX_BATCH GGML_SMALLBATCH_MAX_BATCH
 #endif
 
+// Activation rows a kernel call takes when `left` (>= 1) remain: all of them up to MAX_COLS, past that calls
+// of as even a size as can be (12 rows: two calls of 6, not 8 and 4; 17: 6, 6 and 5). Each call unpacks
+// the weights once for its rows, so a short last call costs nearly what a full one does: passes over 9-14
+// rows of the 1.5B measured 2-3% faster so on Zen 4 (docs/kernels.md).
+int ggml_smallbatch_call_rows(int64_t left);
+
 // s[w * bs + c] = dot(weight row w, vy[c]) for w < nw (1 <= nw <= GGML_SMALLBATCH_MAX_WROWS) and
 // c < nc (1 <= nc <= GGML_SMALLBATCH_MAX_COLS); n values per row, weight row w of the weight type
 // at (const char *) vx + w * bx, vy[c] rows of the type's vec_dot_type.
