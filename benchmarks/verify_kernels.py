@@ -244,6 +244,10 @@ def measure_e2e(model: str, args: argparse.Namespace) -> None:
     same = sum(res[("smallbatch", c, p.id)][0]["tokens"] == res[("stock", c, p.id)][0]["tokens"]
                for p in prompts for c in configs)
     print(f"\nsame tokens from both kernel sets: {same} of {len(prompts) * len(configs)} generations")
+    for k in children:  # greedy speculation against plain decoding, within each kernel set
+        spec = [(c, p) for c in configs if c != "none" for p in prompts]
+        equal = sum(res[(k, c, p.id)][0]["tokens"] == res[(k, "none", p.id)][0]["tokens"] for c, p in spec)
+        print(f"{base if k == 'stock' else k}: speculation printed plain decoding's tokens in {equal} of {len(spec)} generations")
 
 
 def _base(args: argparse.Namespace) -> str:

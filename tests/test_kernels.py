@@ -46,6 +46,9 @@ for k in ks:
     assert prefill + k <= len(toks)
     m.truncate(prefill)
     rows.append(np.array(m.decode(toks[prefill:prefill + k], n_logits=k)))
+# then the tokens of the largest verification-sized batch again, one at a time (plain decoding's logits)
+m.truncate(prefill)
+rows += [np.array(m.decode([t], n_logits=1)) for t in toks[prefill:prefill + max(k for k in ks if k <= 32)]]
 np.save(out, np.concatenate(rows))
 print(json.dumps(runtime.backend_info().to_dict()))
 """
@@ -55,10 +58,16 @@ KS = (*range(1, 9), 17, 24, 40)
 PREFILL = 24
 
 
+VERIFY_KS = [k for k in KS if k <= 32]  # batches the size of a verification pass
+NO_F16 = {"GGML_SMALLBATCH_F16": "no"}  # attention summed as the unpatched module sums it
+
+
 def _by_k(rows: np.ndarray) -> dict[int, np.ndarray]:
-    """The stacked rows of the batches of KS -> {K: [K, vocab]}."""
+    """The stacked rows of the batches of KS -> {K: [K, vocab]}; {0: the tokens decoded one at a time}."""
     ends = np.cumsum(KS)
-    return {k: rows[end - k : end] for k, end in zip(KS, ends, strict=True)}
+    out = {k: rows[end - k : end] for k, end in zip(KS, ends, strict=True)}
+    out[0] = rows[ends[-1]:]
+    return out
 
 
 def _logits(path: Path, out: Path, kernels: str, extra_env: dict | None = None,
@@ -91,13 +100,15 @@ def test_small_batch_logits_match_the_unpatched_module(name, tmp_path):
     path = resolve_local(name)
     if path is None:
         pytest.skip(f"{name} is not installed")
-    got, info = _logits(path, tmp_path / "smallbatch.npy", "smallbatch")
+    # attention as the unpatched module sums it (F16 kernel off): the quantized kernels alone compared
+    got, info = _logits(path, tmp_path / "smallbatch.npy", "smallbatch", NO_F16)
     ref, ref_info = _logits(path, tmp_path / "stock.npy", "stock")
     off, _ = _logits(path, tmp_path / "off.npy", "smallbatch", {"GGML_CPU_SMALLBATCH": "0"})
     assert info["kernels"] == "smallbatch" and ref_info["kernels"] == "stock"
-    assert got.shape == ref.shape == (sum(KS), ref.shape[1])
+    assert got.shape == ref.shape == (sum(KS) + max(VERIFY_KS), ref.shape[1])
     assert float(np.max(np.abs(off - ref))) == 0.0  # the switch gives the unpatched arithmetic back
     a, b = _by_k(got), _by_k(ref)
+    assert float(np.max(np.abs(a[0] - b[0]))) == 0.0, "a token decoded alone: the logits differ"
     for k in KS:
         if k <= 3:
             assert float(np.max(np.abs(a[k] - b[k]))) == 0.0, f"K={k}: the per-row kernels' logits differ"
@@ -107,13 +118,63 @@ def test_small_batch_logits_match_the_unpatched_module(name, tmp_path):
 
 
 @needs_kernels
+@pytest.mark.parametrize("name", ["gemma3-270m", "smollm2-135m", pytest.param("qwen2.5-coder-1.5b", marks=pytest.mark.slow)])
+def test_a_verification_pass_gives_each_token_its_logits_decoded_alone(name, tmp_path):
+    """With the F16 kernel (attention: vec_dot_f16's sums) beside the quantized ones, every op of a pass
+    over 2..32 rows computes each row as a pass over that row alone: a batch of K tokens gets, row for
+    row, the logits of decoding them one at a time, bit for bit (the unpatched module's sgemm attention
+    moves them by up to 0.5-1.3). So greedy speculation verifies against plain decoding's own logits."""
+    from edgespec.models import resolve_local
+
+    path = resolve_local(name)
+    if path is None:
+        pytest.skip(f"{name} is not installed")
+    got, info = _logits(path, tmp_path / "smallbatch.npy", "smallbatch")
+    if not info["kernel_f16"]:
+        pytest.skip("this module has no F16 kernel (no AVX2): attention runs llamafile's sgemm")
+    a = _by_k(got)
+    for k in VERIFY_KS:
+        diff = float(np.max(np.abs(a[k] - a[0][:k])))
+        assert diff == 0.0, f"K={k}: the batch's logits differ from decoding its tokens alone by up to {diff}"
+    ref, _ = _logits(path, tmp_path / "stock.npy", "stock")
+    b = _by_k(ref)
+    assert max(float(np.max(np.abs(b[k] - b[0][:k]))) for k in VERIFY_KS if k > 1) > 0.0, \
+        "the unpatched module's batches gave the single-token logits too: the test shows nothing here"
+
+
+@needs_kernels
+def test_greedy_speculation_prints_what_plain_decoding_prints(tmp_path):
+    """Fast mode, the engine as users run it (no padding of plain steps): n-gram speculation with fixed
+    and automatic draft lengths gives the plain greedy tokens, token for token, on code edits where the
+    drafts are long and on prose where many are rejected."""
+    from edgespec.models.loader import RuntimeOptions
+    from edgespec.service.session import Request, Session
+    from edgespec.service.suites import load_suites
+
+    session = Session.load("gemma3-270m", RuntimeOptions(n_threads=2))
+    try:
+        if not runtime.backend_info().kernel_f16:
+            pytest.skip("this module has no F16 kernel (no AVX2): attention runs llamafile's sgemm")
+        prompts = [p.text for p in load_suites(["code_edit"])[:2]] + [
+            "Write a short story about a lighthouse keeper who finds a message in a bottle."]
+        for text in prompts:
+            plain = session.run(Request(text=text, framing="question", draft="none", gamma="0", max_tokens=80)).tokens
+            for gamma in ("4", "12", "auto"):
+                spec = session.run(Request(text=text, framing="question", draft="ngram", gamma=gamma, max_tokens=80))
+                assert spec.stats.accepted > 0
+                assert spec.tokens == plain, f"gamma {gamma}: speculation's tokens differ from plain decoding's"
+    finally:
+        session.close()
+
+
+@needs_kernels
 def test_q6_k_kernel_equals_vec_dot_for_every_batch_size(gemma_path, tmp_path):
     """With ggml's tiled K-quant path and weight repacking off in both, the unpatched module runs
     every K-quant mat-mul as one vec_dot per weight row and token, whatever the batch; the
     small-batch Q6_K kernel, 1-8 tokens at a time (batches of 17 and 24 in calls of up to 8), gives the
     same logits bit for bit (Gemma-3-270M's
     Q6_K ffn_down tensors are the ones it computes)."""
-    tiled_off = {"GGML_CPU_TILED_MM": "0"}
+    tiled_off = {"GGML_CPU_TILED_MM": "0", **NO_F16}
     got, _ = _logits(gemma_path, tmp_path / "smallbatch.npy", "smallbatch", tiled_off, repack=False)
     ref, _ = _logits(gemma_path, tmp_path / "stock.npy", "stock", tiled_off, repack=False)
     assert float(np.max(np.abs(got - ref))) == 0.0
@@ -126,7 +187,7 @@ def test_legacy_quant_kernels_equal_vec_dot_for_every_batch_size(smollm2_path, t
     from 2 rows on with llamafile's tinyBLAS_Q0, whose sums are vec_dot's in the same order; the
     small-batch kernels (smallbatch-legacy.c), 1-8 tokens a call, give the same logits bit for bit at
     every batch size."""
-    got, info = _logits(smollm2_path, tmp_path / "smallbatch.npy", "smallbatch")
+    got, info = _logits(smollm2_path, tmp_path / "smallbatch.npy", "smallbatch", NO_F16)
     ref, ref_info = _logits(smollm2_path, tmp_path / "stock.npy", "stock")
     assert info["kernels"] == "smallbatch" and ref_info["kernels"] == "stock"
     a, b = _by_k(got), _by_k(ref)
@@ -234,7 +295,7 @@ def test_the_prefetch_level_changes_no_logit(gemma_path, tmp_path):
     assert float(np.max(np.abs(l2 - l1))) == 0.0
 
 
-@pytest.mark.parametrize("name", ["GGML_SMALLBATCH_512", "GGML_SMALLBATCH_PREFETCH_L2"])
+@pytest.mark.parametrize("name", ["GGML_SMALLBATCH_512", "GGML_SMALLBATCH_PREFETCH_L2", "GGML_SMALLBATCH_F16"])
 def test_the_module_switches_are_read_as_yes_or_no(monkeypatch, name):
     """The small-batch module's yes/no switches reach its C code as 1 or 0 (its atoi would read 'yes' as
     0), empty is unset (the module chooses), and a value that is no yes/no is a one-line error naming it."""

@@ -8,8 +8,9 @@ so the app never picks it; the next variant is tried. The same is done for the e
 
 The small-batch kernel modules (native/smallbatch, built by the set-up for the variant fast mode
 runs) are checked against the unpatched module on the bundled Gemma-3-270M (Q6_K and repacked Q4_K
-tensors): batches of 1, 2 and 3 rows, where the unpatched module runs the per-row kernels that the
-small-batch ones reproduce, must give the same logits bit for bit; batches of 4 and 6, where it
+tensors): batches of 1, 2 and 3 rows must give the logits the unpatched module gives those tokens
+decoded one at a time, bit for bit (where the module has its F16 attention kernel, `kernel_f16`; without
+it, the unpatched module's own 2- and 3-row logits), and so must each token decoded alone; batches of 4 and 6, where it
 runs the 4-row Q4_K kernel (its float sums ordered differently), and of 40 (a prompt's worth, past
 the 32 rows of a verification: the AVX2 build takes those too), probabilities within 0.15 (a
 wrong kernel moves them far more; summation order moves them by hundredths, and can swap a
@@ -59,6 +60,7 @@ BATCHES = (1, 2, 3, 4, 6, 40)  # rows of the successive decodes of the check (56
 # Past the per-row batch sizes, the most a token's probability may move between the small-batch and the
 # unpatched module (summation order of the 4-row kernel moves it by hundredths; a wrong kernel far more).
 PROB_TOLERANCE = 0.15
+PER_ROW = sum(BATCHES[:3])  # the tokens of the 1-, 2- and 3-row batches
 
 
 def child(mode: str, model_path: str, logits_out: str | None = None) -> int:
@@ -82,6 +84,9 @@ def child(mode: str, model_path: str, logits_out: str | None = None) -> int:
         print(json.dumps({"ok": False, "why": "non-finite logits"}))
         return 1
     if logits_out:
+        # then the tokens of the 1-, 2- and 3-row batches again, one at a time (plain decoding's logits)
+        model.reset()
+        rows += [np.array(model.decode([t], n_logits=1)) for t in toks[:PER_ROW]]
         np.save(logits_out, np.concatenate(rows))
     info = runtime.backend_info()
     print(json.dumps({"ok": True, **info.to_dict()}))
@@ -207,7 +212,7 @@ def prove_kernels(directory: Path, manifest: dict, sig: str) -> bool:
         why = None
         if rc != 0:
             why = _death(rc) + (f": {tail}" if tail and rc > 0 else "")
-        elif json.loads(tail).get("kernels") != "smallbatch":
+        elif (info := json.loads(tail)).get("kernels") != "smallbatch":
             why = "the child did not load them"
         else:
             rc, tail = _run_child("fast", model, {**env, "EDGESPEC_KERNELS": "stock"}, str(ref))
@@ -215,11 +220,14 @@ def prove_kernels(directory: Path, manifest: dict, sig: str) -> bool:
                 why = f"the unpatched module failed beside them ({_death(rc)})"
             else:
                 a, b = np.load(got), np.load(ref)
-                per_row = sum(BATCHES[:3])  # the rows of the 1-, 2- and 3-row batches
-                diff = float(np.max(np.abs(a[:per_row] - b[:per_row])))
+                n = sum(BATCHES)
+                # with their F16 kernel (attention) a batch's rows get the logits of decoding its tokens one
+                # at a time; without it (no AVX2) llamafile's sgemm sums attention as the unpatched module does
+                want = b[n:] if info.get("kernel_f16") else b[:PER_ROW]
+                diff = max(float(np.max(np.abs(a[:PER_ROW] - want))), float(np.max(np.abs(a[n:] - b[n:]))))
                 if diff != 0.0:
                     why = f"their logits differ from the per-row kernels' by up to {diff:.3g}"
-                elif (moved := float(np.max(np.abs(softmax(a[per_row:]) - softmax(b[per_row:]))))) > PROB_TOLERANCE:
+                elif (moved := float(np.max(np.abs(softmax(a[PER_ROW:n]) - softmax(b[PER_ROW:n]))))) > PROB_TOLERANCE:
                     why = f"a token's probability differs from the unpatched module's by {moved:.2f}"
     if why is not None:
         entry["crashed"] = [variant]

@@ -118,10 +118,13 @@ class Backend:
     # where the small-batch kernels prefetch their weights when they take several rows: 'L2' (AMD Zen 4,
     # or GGML_SMALLBATCH_PREFETCH_L2 says so) or 'L1'; None for stock
     kernel_prefetch: str | None = None
+    # whether they include the F16 kernel that gives attention in a verification pass vec_dot's sums, so
+    # each row gets the logits it gets decoded alone (AVX2 and later; SMALLBATCH_F16); None for stock
+    kernel_f16: bool | None = None
 
     def to_dict(self) -> dict:
         return {"mode": self.mode, "cpu_variant": self.variant, "kernels": self.kernels,
-                "kernel_bits": self.kernel_bits, "kernel_prefetch": self.kernel_prefetch, "gpu_backends": self.others, "cpu": self.cpu.model}
+                "kernel_bits": self.kernel_bits, "kernel_prefetch": self.kernel_prefetch, "kernel_f16": self.kernel_f16, "gpu_backends": self.others, "cpu": self.cpu.model}
 
 
 def lib_dir() -> Path:
@@ -361,6 +364,14 @@ def kernel_bits(kernels: str, system_info: str) -> int | None:
     if kernels != "smallbatch":
         return None
     return 512 if features(system_info).get("SMALLBATCH_512") == "1" else 256
+
+
+def kernel_f16(kernels: str, system_info: str) -> bool | None:
+    """Whether the small-batch kernels' F16 kernel runs (attention with vec_dot's sums from 2 rows on), as the
+    loaded CPU module reports it (SMALLBATCH_F16 = 1); None when the small-batch kernels do not run."""
+    if kernels != "smallbatch":
+        return None
+    return features(system_info).get("SMALLBATCH_F16") == "1"
 
 
 def kernel_prefetch(kernels: str, system_info: str) -> str | None:

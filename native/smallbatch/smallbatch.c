@@ -103,6 +103,7 @@ bool ggml_smallbatch_takes_one_row(enum ggml_type type) {
         case GGML_TYPE_Q4_0:
         case GGML_TYPE_Q5_0:
         case GGML_TYPE_Q4_1:
+        case GGML_TYPE_F16:  // one row: vec_dot_f16 itself (the kernel's results, and no faster)
             return false;
         case GGML_TYPE_Q4_K:
 #ifdef GGML_SMALLBATCH_HAS_VNNI
@@ -118,10 +119,14 @@ bool ggml_smallbatch_takes_one_row(enum ggml_type type) {
 bool ggml_smallbatch_claims(const struct ggml_tensor * dst) {
     const struct ggml_tensor * src0 = dst->src[0];
     const struct ggml_tensor * src1 = dst->src[1];
-    return src0->extra == NULL && src1->ne[1] <= GGML_SMALLBATCH_MAX_BATCH &&
-           (src1->ne[1] > 1 || ggml_smallbatch_takes_one_row(src0->type)) &&
-           src1->ne[2] == 1 && src1->ne[3] == 1 && ggml_smallbatch_enabled() &&
-           ggml_smallbatch_kernel(src0->type) != NULL;
+    if (src0->extra != NULL || src1->ne[1] > GGML_SMALLBATCH_MAX_BATCH || !ggml_smallbatch_enabled()) {
+        return false;
+    }
+    if (src0->type == GGML_TYPE_F16) {  // broadcast over dims 2-3 too: grouped-query attention
+        return src1->ne[1] > 1 && ggml_smallbatch_has_f16();
+    }
+    return (src1->ne[1] > 1 || ggml_smallbatch_takes_one_row(src0->type)) &&
+           src1->ne[2] == 1 && src1->ne[3] == 1 && ggml_smallbatch_kernel(src0->type) != NULL;
 }
 
 bool ggml_smallbatch_mul_mat_chunk(const struct ggml_tensor * dst, const void * wdata, size_t row_size,
@@ -132,6 +137,9 @@ bool ggml_smallbatch_mul_mat_chunk(const struct ggml_tensor * dst, const void * 
 
     if (ir1_end <= ir1_start || !ggml_smallbatch_enabled() || (src1->ne[1] == 1 && !ggml_smallbatch_takes_one_row(src0->type))) {
         return false;
+    }
+    if (src0->type == GGML_TYPE_F16) {
+        return ggml_smallbatch_f16_chunk(dst, wdata, row_size, src1_packed, ir0_start, ir0_end, ir1_start, ir1_end);
     }
     const ggml_smallbatch_dot_t dot = ggml_smallbatch_kernel(src0->type);
     if (dot == NULL) {

@@ -163,6 +163,14 @@ ggml_smallbatch_gemm_t ggml_smallbatch_q4_Kx8(void);
 // quantize_row_q8_K_ref bit for bit, eight values at a time where the build has AVX2 (smallbatch-q8_K.c).
 void ggml_smallbatch_quantize_row_q8_K(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k);
 
+// F16 x F16 with 2..MAX_BATCH src1 rows (attention over the KV cache in a verification pass): each result
+// ggml_vec_dot_f16's bit for bit, as the token gets it decoded alone (smallbatch-f16.c). The arguments and
+// result of ggml_smallbatch_mul_mat_chunk. has_f16: whether this build has that kernel (AVX2 and AVX-512)
+// and GGML_SMALLBATCH_F16=0 in the environment does not turn it off (for comparisons).
+bool ggml_smallbatch_has_f16(void);
+bool ggml_smallbatch_f16_chunk(const struct ggml_tensor * dst, const void * wdata, size_t row_size, bool src1_packed,
+                               int64_t ir0_start, int64_t ir0_end, int64_t ir1_start, int64_t ir1_end);
+
 // Whether the small-batch path takes this mat-mul (a type with a kernel, 1..MAX_BATCH src1 rows):
 // the tiled K-quant path (tiled/) then leaves it alone.
 bool ggml_smallbatch_claims(const struct ggml_tensor * dst);

@@ -34,10 +34,12 @@ $cc ${SB_CFLAGS:-} -I"$here/.." $inc -c "$here/../smallbatch-q4_K.c" -o "$b/q4_K
 $cc ${SB_CFLAGS:-} -I"$here/.." $inc -c "$here/../smallbatch-q8_K.c" -o "$b/q8_K.o"
 $cc ${SB_CFLAGS:-} -I"$here/.." $inc -c "$here/../smallbatch-legacy.c" -o "$b/legacy.o"
 $cc ${SB_CFLAGS:-} -I"$here/.." $inc -c "$here/../smallbatch.c" -o "$b/sb.o"
+$cc ${SB_CFLAGS:-} -I"$here/.." $inc -c "$here/../smallbatch-f16.c" -o "$b/f16.o"
 $cc $old_if -I"$here/.." $inc -c "$here/sb_bench.c" -o "$b/sb_bench.o"
 # ggml's per-row kernels, straight from the sdist
 $cc $inc -c "$ggml/src/ggml-cpu/arch/x86/quants.c" -o "$b/ref-quants.o"
 $cxx $inc -c "$ggml/src/ggml-cpu/arch/x86/repack.cpp" -o "$b/ref-repack.o"
+$cxx $inc -c "$ggml/src/ggml-cpu/vec.cpp" -o "$b/ref-vec.o"
 c++ -o "$b/sb_bench" "$b"/*.o -Wl,--gc-sections \
     -L"$base_lib" -l:libggml-base.so -Wl,-rpath,"$base_lib"
 echo "$b/sb_bench"

@@ -47,6 +47,8 @@ typedef void (*old_dot_t)(int n, float * s, const void * vx, const void * const 
 old_dot_t old_smallbatch_q6_K(void);
 ggml_smallbatch_gemm_t old_smallbatch_q4_Kx8(void);
 
+void ggml_vec_dot_f16(int n, float * s, size_t bs, ggml_fp16_t * x, size_t bx, ggml_fp16_t * y, size_t by, int nrc);
+
 // ggml-cpu's fp16 -> fp32 table (ggml-cpu.c fills it in ggml_cpu_init); the per-row kernels read it
 float ggml_table_f32_f16[1 << 16];
 float ggml_fp16_to_fp32(ggml_fp16_t x);
@@ -251,6 +253,58 @@ static int check_legacy(int timed) {
 enum { WIDTHS = 2, REPEATS = 21 };
 static const int widths[WIDTHS] = {1536, 8960};
 
+// The F16 kernel (smallbatch-f16.c) against ggml_vec_dot_f16 (vec.cpp, the same flags), as attention uses
+// it: src0 broadcast over 6 src1 matrices (grouped-query heads), row lengths with and without values past
+// the last full step, dst with evenly spaced columns and with a gap between its matrices. Returns the
+// number of differing results.
+static int check_f16(void) {
+    static const int ns[] = {64, 128, 200, 256, 520};
+    static const int ks[] = {2, 3, 5, 16};
+    const int64_t rows = 40, heads_kv = 2, heads = 12;
+    int bad = 0;
+    srand(7);
+    for (int a = 0; a < 5; ++a) {
+        for (int b = 0; b < 4; ++b) {
+            for (int gap = 0; gap < 2; ++gap) {
+                const int n = ns[a], k = ks[b];
+                ggml_fp16_t * x = malloc(sizeof(ggml_fp16_t) * n * rows * heads_kv);
+                ggml_fp16_t * y = malloc(sizeof(ggml_fp16_t) * n * k * heads);
+                for (int64_t i = 0; i < n * rows * heads_kv; ++i) x[i] = ggml_fp32_to_fp16((float) rand() / RAND_MAX * 2 - 1);
+                for (int64_t i = 0; i < n * k * heads; ++i) y[i] = ggml_fp32_to_fp16((float) rand() / RAND_MAX * 4 - 2);
+                const int64_t plane = rows * k + (gap ? 3 : 0);  // floats between dst's matrices
+                float * out = malloc(sizeof(float) * plane * heads);
+                memset(out, 0xff, sizeof(float) * plane * heads);
+                struct ggml_tensor s0 = {0}, s1 = {0}, d = {0};
+                s0.type = GGML_TYPE_F16; s0.ne[0] = n; s0.ne[1] = rows; s0.ne[2] = heads_kv; s0.ne[3] = 1;
+                s0.nb[0] = 2; s0.nb[1] = 2 * n; s0.nb[2] = 2 * n * rows; s0.nb[3] = s0.nb[2] * heads_kv; s0.data = x;
+                s1.type = GGML_TYPE_F16; s1.ne[0] = n; s1.ne[1] = k; s1.ne[2] = heads; s1.ne[3] = 1;
+                s1.nb[0] = 2; s1.nb[1] = 2 * n; s1.nb[2] = 2 * n * k; s1.nb[3] = s1.nb[2] * heads; s1.data = y;
+                d.type = GGML_TYPE_F32; d.ne[0] = rows; d.ne[1] = k; d.ne[2] = heads; d.ne[3] = 1;
+                d.nb[0] = 4; d.nb[1] = 4 * rows; d.nb[2] = 4 * plane; d.nb[3] = d.nb[2] * heads; d.data = out;
+                d.src[0] = &s0; d.src[1] = &s1;
+                // two chunks of rows, as two threads take them
+                if (!ggml_smallbatch_f16_chunk(&d, y, 2 * n, true, 0, 17, 0, k * heads) ||
+                    !ggml_smallbatch_f16_chunk(&d, y, 2 * n, true, 17, rows, 0, k * heads)) {
+                    printf("check F16: no kernel in this build\n");
+                    return 1;
+                }
+                int diff = 0;
+                for (int64_t h = 0; h < heads; ++h)
+                    for (int64_t t = 0; t < k; ++t)
+                        for (int64_t r = 0; r < rows; ++r) {
+                            float ref;
+                            ggml_vec_dot_f16(n, &ref, 0, x + (h / (heads / heads_kv)) * n * rows + r * n, 0, y + (h * k + t) * n, 0, 1);
+                            diff += memcmp(&ref, out + h * plane + t * rows + r, sizeof(float)) != 0;
+                        }
+                printf("check F16 n=%d rows=%d%s: %s\n", n, k, gap ? " (gap in dst)" : "", diff ? "DIFFERS" : "bit-identical");
+                bad += diff;
+                free(x); free(y); free(out);
+            }
+        }
+    }
+    return bad;
+}
+
 int main(int argc, char ** argv) {
     const int check_only = argc > 1 && strcmp(argv[1], "--check-only") == 0;
     int failures = 0;
@@ -374,6 +428,7 @@ int main(int argc, char ** argv) {
         }
         free(f); free(act); free(w6); free(w4); free(w4x8); free(ref6); free(ref4); free(out);
     }
+    failures += check_f16();
     printf(failures ? "FAILED: %d results differ\n" : "all results bit-identical\n", failures);
     return failures != 0;
 }

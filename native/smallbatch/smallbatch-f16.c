@@ -1,0 +1,321 @@
+// F16 x F16 mat-muls with a few src1 rows: attention over the KV cache in a verification pass (K x Q
+// and the transposed V x softmax(KQ)), which ggml gives to llamafile's sgemm from two rows on.
+//
+// Every result equals ggml_vec_dot_f16's (vec.cpp) bit for bit, as the token gets it decoded alone: four
+// float accumulators over each 4 vectors of values (vector j of each step into accumulator j), the
+// product of the two converted halves added by one fma, then the accumulators' sum in vec_dot's order
+// (0+2, 1+3, then those two; then the lanes: AVX-512's _mm512_reduce_add_ps, AVX2's two hadds), and the
+// values past the last step added in double. llamafile's sgemm sums in another order, so with it a
+// token's logits in a batch differed from its logits decoded alone (by up to 0.5-1.3 on the bundled models
+// and the 1.5B), the last such difference in a pass of up to GGML_SMALLBATCH_MAX_BATCH rows with the
+// small-batch kernels: with this kernel a verification pass gives each row the logits plain decoding gives
+// it (docs/kernels.md).
+//
+// The src1 rows of a call (the query heads that share a KV head, in grouped-query attention) are
+// converted to float once, into a per-thread buffer; each src0 row is then converted a vector at a time,
+// once per tile of a few src1 rows, and multiplied with them from that buffer, four accumulators per
+// result in registers. With AVX-512 the last sums of a tile's four results are taken together.
+#include "smallbatch.h"
+
+#include "ggml-impl.h"
+#include "ggml-cpu-impl.h"
+#include "simd-mappings.h"
+
+#include <stdlib.h>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+#define SB_F16_TILE 4   // src1 rows a pass over one src0 row takes: 16 accumulators
+#define SB_F16_COLS 24  // src1 rows converted and taken together (the 1.5B: 6 query heads x 4 tokens)
+
+// _mm512_reduce_add_ps of four vectors at once, into r[0..3], with its pairs of lanes (lanes i and i+8,
+// then i and i+4, i and i+2, i and i+1 of what is left): blocks of 128 bits regrouped so that each add
+// takes the same two values as one of its adds does (a + b and b + a are the same float)
+static inline __attribute__((always_inline)) void sb_f16_reduce4(const __m512 s0, const __m512 s1, const __m512 s2,
+                                                                 const __m512 s3, float * r) {
+    const __m512 u01 = _mm512_add_ps(_mm512_shuffle_f32x4(s0, s1, 0x44), _mm512_shuffle_f32x4(s0, s1, 0xee));
+    const __m512 u23 = _mm512_add_ps(_mm512_shuffle_f32x4(s2, s3, 0x44), _mm512_shuffle_f32x4(s2, s3, 0xee));
+    __m512 v = _mm512_add_ps(_mm512_shuffle_f32x4(u01, u23, 0x88), _mm512_shuffle_f32x4(u01, u23, 0xdd));
+    v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4e));
+    v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xb1));
+    _mm_storeu_ps(r, _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), v)));
+}
+
+// Two src0 rows (x0, x1) x (NC <= 3, a constant) src1 rows, n a multiple of 64, into out[c * os + r] for
+// src0 row r: each src1 vector loaded once for both rows (24 accumulators), where one row a pass did
+// about as many loads as multiplies
+#define SB_F16_PAIR_TILE 3
+static inline __attribute__((always_inline)) void sb_f16_tile2(int n, const ggml_fp16_t * x0, const ggml_fp16_t * x1,
+                                                               const float * y, size_t ldy, float * out, size_t os,
+                                                               const int nc) {
+    __m512 acc[2][SB_F16_PAIR_TILE][4];
+    for (int c = 0; c < nc; ++c) {
+        for (int j = 0; j < 4; ++j) {
+            acc[0][c][j] = _mm512_setzero_ps();
+            acc[1][c][j] = _mm512_setzero_ps();
+        }
+    }
+    for (int i = 0; i < n; i += 64) {
+        for (int j = 0; j < 4; ++j) {
+            const __m512 xa = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (x0 + i + 16 * j)));
+            const __m512 xb = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (x1 + i + 16 * j)));
+            for (int c = 0; c < nc; ++c) {
+                const __m512 yv = _mm512_loadu_ps(y + c * ldy + i + 16 * j);
+                acc[0][c][j] = _mm512_fmadd_ps(xa, yv, acc[0][c][j]);
+                acc[1][c][j] = _mm512_fmadd_ps(xb, yv, acc[1][c][j]);
+            }
+        }
+    }
+    __m512 s[2 * SB_F16_PAIR_TILE];  // output r * nc + c
+    for (int r = 0; r < 2; ++r) {
+        for (int c = 0; c < nc; ++c) {
+            s[r * nc + c] = _mm512_add_ps(_mm512_add_ps(acc[r][c][0], acc[r][c][2]), _mm512_add_ps(acc[r][c][1], acc[r][c][3]));
+        }
+    }
+    float res[8];
+    sb_f16_reduce4(s[0], s[1 % (2 * nc)], s[2 % (2 * nc)], s[3 % (2 * nc)], res);
+    if (nc == 3) {
+        sb_f16_reduce4(s[4], s[5], s[5], s[5], res + 4);
+    }
+    for (int r = 0; r < 2; ++r) {
+        for (int c = 0; c < nc; ++c) {
+            out[c * os + r] = res[r * nc + c];
+        }
+    }
+}
+
+// One src0 row x (NC, a constant) src1 rows of n values, y[c] at y + c * ldy, into out[c * os]
+static inline __attribute__((always_inline)) void sb_f16_tile(int n, const ggml_fp16_t * x, const float * y, size_t ldy,
+                                                              float * out, size_t os, const int nc) {
+    const int np = n & ~63;
+    __m512 acc[SB_F16_TILE][4];
+    for (int c = 0; c < nc; ++c) {
+        for (int j = 0; j < 4; ++j) {
+            acc[c][j] = _mm512_setzero_ps();
+        }
+    }
+    for (int i = 0; i < np; i += 64) {
+        for (int j = 0; j < 4; ++j) {
+            const __m512 xv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (x + i + 16 * j)));
+            for (int c = 0; c < nc; ++c) {
+                acc[c][j] = _mm512_fmadd_ps(xv, _mm512_loadu_ps(y + c * ldy + i + 16 * j), acc[c][j]);
+            }
+        }
+    }
+    __m512 s[SB_F16_TILE];
+    for (int c = 0; c < nc; ++c) {  // GGML_F32x16_REDUCE's adds of the four accumulators
+        s[c] = _mm512_add_ps(_mm512_add_ps(acc[c][0], acc[c][2]), _mm512_add_ps(acc[c][1], acc[c][3]));
+    }
+    if (nc == 4 && np == n) {
+        float r[4];
+        sb_f16_reduce4(s[0], s[1], s[2], s[3], r);
+        for (int c = 0; c < 4; ++c) {
+            out[c * os] = r[c];  // (float) (double) r: nothing past the last 64 values to add in double
+        }
+        return;
+    }
+    for (int c = 0; c < nc; ++c) {
+        double sumf = (double) _mm512_reduce_add_ps(s[c]);
+        for (int i = np; i < n; ++i) {
+            sumf += (double) (GGML_CPU_FP16_TO_FP32(x[i]) * y[c * ldy + i]);
+        }
+        out[c * os] = (float) sumf;
+    }
+}
+
+static inline __attribute__((always_inline)) void sb_f16_tiles(int n, const ggml_fp16_t * x, const float * y, size_t ldy,
+                                                               float * out, size_t os, int nc) {
+    switch (nc) {
+        case 1: sb_f16_tile(n, x, y, ldy, out, os, 1); break;
+        case 2: sb_f16_tile(n, x, y, ldy, out, os, 2); break;
+        case 3: sb_f16_tile(n, x, y, ldy, out, os, 3); break;
+        default: sb_f16_tile(n, x, y, ldy, out, os, 4); break;
+    }
+}
+
+static inline __attribute__((always_inline)) void sb_f16_tiles2(int n, const ggml_fp16_t * x0, const ggml_fp16_t * x1,
+                                                                const float * y, size_t ldy, float * out, size_t os, int nc) {
+    switch (nc) {
+        case 1: sb_f16_tile2(n, x0, x1, y, ldy, out, os, 1); break;
+        case 2: sb_f16_tile2(n, x0, x1, y, ldy, out, os, 2); break;
+        default: sb_f16_tile2(n, x0, x1, y, ldy, out, os, 3); break;
+    }
+}
+
+#define SB_F16_KERNEL 1
+#define SB_F16_PAIRS 1
+
+#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+#include <immintrin.h>
+
+#define SB_F16_TILE 3   // src1 rows a pass over one src0 row takes: 12 accumulators of AVX2's 16 registers
+#define SB_F16_COLS 24
+
+// The AVX2 form of vec_dot_f16: 8-lane accumulators over steps of 32 values, GGML_F32x8_REDUCE's sums
+static inline __attribute__((always_inline)) void sb_f16_tile(int n, const ggml_fp16_t * x, const float * y, size_t ldy,
+                                                              float * out, size_t os, const int nc) {
+    const int np = n & ~31;
+    __m256 acc[SB_F16_TILE][4];
+    for (int c = 0; c < nc; ++c) {
+        for (int j = 0; j < 4; ++j) {
+            acc[c][j] = _mm256_setzero_ps();
+        }
+    }
+    for (int i = 0; i < np; i += 32) {
+        for (int j = 0; j < 4; ++j) {
+            const __m256 xv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (x + i + 8 * j)));
+            for (int c = 0; c < nc; ++c) {
+                acc[c][j] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(y + c * ldy + i + 8 * j), acc[c][j]);
+            }
+        }
+    }
+    for (int c = 0; c < nc; ++c) {
+        const __m256 s  = _mm256_add_ps(_mm256_add_ps(acc[c][0], acc[c][2]), _mm256_add_ps(acc[c][1], acc[c][3]));
+        const __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+        const __m128 t1 = _mm_hadd_ps(t0, t0);
+        double sumf = (double) _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
+        for (int i = np; i < n; ++i) {
+            sumf += (double) (GGML_CPU_FP16_TO_FP32(x[i]) * y[c * ldy + i]);
+        }
+        out[c * os] = (float) sumf;
+    }
+}
+
+static inline __attribute__((always_inline)) void sb_f16_tiles(int n, const ggml_fp16_t * x, const float * y, size_t ldy,
+                                                               float * out, size_t os, int nc) {
+    switch (nc) {
+        case 1: sb_f16_tile(n, x, y, ldy, out, os, 1); break;
+        case 2: sb_f16_tile(n, x, y, ldy, out, os, 2); break;
+        default: sb_f16_tile(n, x, y, ldy, out, os, 3); break;
+    }
+}
+
+#define SB_F16_KERNEL 1
+#endif
+
+#ifdef SB_F16_KERNEL
+
+bool ggml_smallbatch_f16_chunk(const struct ggml_tensor * dst, const void * wdata, size_t row_size, bool src1_packed,
+                               int64_t ir0_start, int64_t ir0_end, int64_t ir1_start, int64_t ir1_end) {
+    const struct ggml_tensor * src0 = dst->src[0];
+    const struct ggml_tensor * src1 = dst->src[1];
+
+    GGML_TENSOR_BINARY_OP_LOCALS
+
+    const int64_t r2 = ne12 / ne02;
+    const int64_t r3 = ne13 / ne03;
+    const int     n  = (int) ne00;
+
+    // the converted src1 rows of a call, per thread (grown as needed, kept for the next call)
+    static __thread float * buf = NULL;
+    static __thread size_t  cap = 0;
+    const size_t ldy = (size_t) (n + 15) & ~(size_t) 15;
+    if (cap < SB_F16_COLS * ldy) {
+        float * grown = (float *) realloc(buf, SB_F16_COLS * ldy * sizeof(float));
+        if (grown == NULL) {
+            return false;
+        }
+        buf = grown;
+        cap = SB_F16_COLS * ldy;
+    }
+
+    float * d[SB_F16_COLS];
+    for (int64_t c0 = ir1_start; c0 < ir1_end;) {
+        // up to SB_F16_COLS consecutive src1 rows that multiply the same src0 matrix
+        int     nc  = 0;
+        int64_t i02 = 0;
+        int64_t i03 = 0;
+        int64_t c   = c0;
+        for (; c < ir1_end && nc < SB_F16_COLS; ++c) {
+            const int64_t i13 = c / (ne12 * ne1);
+            const int64_t i12 = (c - i13 * ne12 * ne1) / ne1;
+            const int64_t i11 = c - i13 * ne12 * ne1 - i12 * ne1;
+            if (nc > 0 && (i12 / r2 != i02 || i13 / r3 != i03)) {
+                break;
+            }
+            i02 = i12 / r2;
+            i03 = i13 / r3;
+            const ggml_fp16_t * y = (const ggml_fp16_t *) ((const char *) wdata +
+                                    (src1_packed ? (size_t) (i11 + i12 * ne11 + i13 * ne12 * ne11) * row_size
+                                                 : (size_t) (i11 * nb11 + i12 * nb12 + i13 * nb13)));
+            float * yf = buf + (size_t) nc * ldy;
+            int i = 0;
+            for (; i + 8 <= n; i += 8) {
+                _mm256_storeu_ps(yf + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (y + i))));
+            }
+            for (; i < n; ++i) {
+                yf[i] = GGML_CPU_FP16_TO_FP32(y[i]);
+            }
+            d[nc] = (float *) ((char *) dst->data + i11 * nb1 + i12 * nb2 + i13 * nb3);
+            nc++;
+        }
+        const char * src0_mat = (const char *) src0->data + i02 * nb02 + i03 * nb03;
+        // the results of one src0 row go to consecutive dst columns where dst's columns are evenly spaced
+        bool even = true;
+        for (int j = 2; j < nc && even; ++j) {
+            even = d[j] - d[j - 1] == d[1] - d[0];
+        }
+        int64_t ir0 = ir0_start;
+#ifdef SB_F16_PAIRS
+        for (; n % 64 == 0 && ir0 + 1 < ir0_end; ir0 += 2) {  // two src0 rows at a time
+            const ggml_fp16_t * x0 = (const ggml_fp16_t *) (src0_mat + ir0 * nb01);
+            const ggml_fp16_t * x1 = (const ggml_fp16_t *) (src0_mat + (ir0 + 1) * nb01);
+            for (int t = 0; t < nc; t += SB_F16_PAIR_TILE) {
+                const int nt = nc - t < SB_F16_PAIR_TILE ? nc - t : SB_F16_PAIR_TILE;
+                if (even) {
+                    sb_f16_tiles2(n, x0, x1, buf + (size_t) t * ldy, ldy, d[t] + ir0, nc > 1 ? (size_t) (d[1] - d[0]) : 0, nt);
+                } else {
+                    float out[2 * SB_F16_PAIR_TILE];
+                    sb_f16_tiles2(n, x0, x1, buf + (size_t) t * ldy, ldy, out, 2, nt);
+                    for (int j = 0; j < nt; ++j) {
+                        d[t + j][ir0] = out[2 * j];
+                        d[t + j][ir0 + 1] = out[2 * j + 1];
+                    }
+                }
+            }
+        }
+#endif
+        for (; ir0 < ir0_end; ++ir0) {
+            const ggml_fp16_t * x = (const ggml_fp16_t *) (src0_mat + ir0 * nb01);
+            for (int t = 0; t < nc; t += SB_F16_TILE) {
+                const int nt = nc - t < SB_F16_TILE ? nc - t : SB_F16_TILE;
+                if (even) {
+                    sb_f16_tiles(n, x, buf + (size_t) t * ldy, ldy, d[t] + ir0, nc > 1 ? (size_t) (d[1] - d[0]) : 0, nt);
+                } else {
+                    float out[SB_F16_TILE];
+                    sb_f16_tiles(n, x, buf + (size_t) t * ldy, ldy, out, 1, nt);
+                    for (int j = 0; j < nt; ++j) {
+                        d[t + j][ir0] = out[j];
+                    }
+                }
+            }
+        }
+        c0 = c;
+    }
+    return true;
+}
+
+bool ggml_smallbatch_has_f16(void) {
+    static int on = -1;
+    if (on < 0) {  // GGML_SMALLBATCH_F16=0 leaves attention to llamafile's sgemm, for comparisons
+        const char * env = getenv("GGML_SMALLBATCH_F16");
+        on = env == NULL || *env == '\0' || atoi(env) != 0;
+    }
+    return on != 0;
+}
+
+#else
+
+bool ggml_smallbatch_f16_chunk(const struct ggml_tensor * dst, const void * wdata, size_t row_size, bool src1_packed,
+                               int64_t ir0_start, int64_t ir0_end, int64_t ir1_start, int64_t ir1_end) {
+    (void) dst; (void) wdata; (void) row_size; (void) src1_packed;
+    (void) ir0_start; (void) ir0_end; (void) ir1_start; (void) ir1_end;
+    return false;
+}
+
+bool ggml_smallbatch_has_f16(void) {
+    return false;  // no AVX2: llamafile's sgemm (or vec_dot) as before
+}
+
+#endif
