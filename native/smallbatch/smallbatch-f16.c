@@ -198,14 +198,8 @@ static inline __attribute__((always_inline)) void sb_f16_tiles(int n, const ggml
 
 bool ggml_smallbatch_f16_chunk(const struct ggml_tensor * dst, const void * wdata, size_t row_size, bool src1_packed,
                                int64_t ir0_start, int64_t ir0_end, int64_t ir1_start, int64_t ir1_end) {
-    const struct ggml_tensor * src0 = dst->src[0];
-    const struct ggml_tensor * src1 = dst->src[1];
-
-    GGML_TENSOR_BINARY_OP_LOCALS
-
-    const int64_t r2 = ne12 / ne02;
-    const int64_t r3 = ne13 / ne03;
-    const int     n  = (int) ne00;
+    const int    n    = (int) dst->src[0]->ne[0];
+    const size_t nb01 = dst->src[0]->nb[1];
 
     // the converted src1 rows of a call, per thread (grown as needed, kept for the next call)
     static __thread float * buf = NULL;
@@ -220,26 +214,15 @@ bool ggml_smallbatch_f16_chunk(const struct ggml_tensor * dst, const void * wdat
         cap = SB_F16_COLS * ldy;
     }
 
-    float * d[SB_F16_COLS];
+    const void * yh[SB_F16_COLS];
+    float *      d[SB_F16_COLS];
     for (int64_t c0 = ir1_start; c0 < ir1_end;) {
-        // up to SB_F16_COLS consecutive src1 rows that multiply the same src0 matrix
-        int     nc  = 0;
-        int64_t i02 = 0;
-        int64_t i03 = 0;
-        int64_t c   = c0;
-        for (; c < ir1_end && nc < SB_F16_COLS; ++c) {
-            const int64_t i13 = c / (ne12 * ne1);
-            const int64_t i12 = (c - i13 * ne12 * ne1) / ne1;
-            const int64_t i11 = c - i13 * ne12 * ne1 - i12 * ne1;
-            if (nc > 0 && (i12 / r2 != i02 || i13 / r3 != i03)) {
-                break;
-            }
-            i02 = i12 / r2;
-            i03 = i13 / r3;
-            const ggml_fp16_t * y = (const ggml_fp16_t *) ((const char *) wdata +
-                                    (src1_packed ? (size_t) (i11 + i12 * ne11 + i13 * ne12 * ne11) * row_size
-                                                 : (size_t) (i11 * nb11 + i12 * nb12 + i13 * nb13)));
-            float * yf = buf + (size_t) nc * ldy;
+        const char *  src0_mat;
+        const int64_t c  = ggml_smallbatch_columns(dst, wdata, row_size, src1_packed, c0, ir1_end, SB_F16_COLS, yh, d, &src0_mat);
+        const int     nc = (int) (c - c0);
+        for (int j = 0; j < nc; ++j) {  // to float, once for every src0 row of the chunk
+            const ggml_fp16_t * y = (const ggml_fp16_t *) yh[j];
+            float * yf = buf + (size_t) j * ldy;
             int i = 0;
             for (; i + 8 <= n; i += 8) {
                 _mm256_storeu_ps(yf + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (y + i))));
@@ -247,10 +230,7 @@ bool ggml_smallbatch_f16_chunk(const struct ggml_tensor * dst, const void * wdat
             for (; i < n; ++i) {
                 yf[i] = GGML_CPU_FP16_TO_FP32(y[i]);
             }
-            d[nc] = (float *) ((char *) dst->data + i11 * nb1 + i12 * nb2 + i13 * nb3);
-            nc++;
         }
-        const char * src0_mat = (const char *) src0->data + i02 * nb02 + i03 * nb03;
         // the results of one src0 row go to consecutive dst columns where dst's columns are evenly spaced
         bool even = true;
         for (int j = 2; j < nc && even; ++j) {

@@ -129,6 +129,39 @@ bool ggml_smallbatch_claims(const struct ggml_tensor * dst) {
            src1->ne[2] == 1 && src1->ne[3] == 1 && ggml_smallbatch_kernel(src0->type) != NULL;
 }
 
+int64_t ggml_smallbatch_columns(const struct ggml_tensor * dst, const void * wdata, size_t row_size, bool src1_packed,
+                                int64_t c0, int64_t c_end, int max, const void ** y, float ** d, const char ** src0_mat) {
+    const struct ggml_tensor * src0 = dst->src[0];
+    const struct ggml_tensor * src1 = dst->src[1];
+
+    GGML_TENSOR_BINARY_OP_LOCALS
+
+    // broadcast factors
+    const int64_t r2 = ne12 / ne02;
+    const int64_t r3 = ne13 / ne03;
+
+    int     nc  = 0;
+    int64_t i02 = 0;
+    int64_t i03 = 0;
+    int64_t c   = c0;
+    for (; c < c_end && nc < max; ++c) {
+        const int64_t i13 = c / (ne12 * ne1);
+        const int64_t i12 = (c - i13 * ne12 * ne1) / ne1;
+        const int64_t i11 = c - i13 * ne12 * ne1 - i12 * ne1;
+        if (nc > 0 && (i12 / r2 != i02 || i13 / r3 != i03)) {
+            break;
+        }
+        i02 = i12 / r2;
+        i03 = i13 / r3;
+        y[nc] = (const char *) wdata + (src1_packed ? (size_t) (i11 + i12 * ne11 + i13 * ne12 * ne11) * row_size
+                                                    : (size_t) (i11 * nb11 + i12 * nb12 + i13 * nb13));
+        d[nc] = (float *) ((char *) dst->data + i11 * nb1 + i12 * nb2 + i13 * nb3);
+        nc++;
+    }
+    *src0_mat = (const char *) src0->data + i02 * nb02 + i03 * nb03;
+    return c;
+}
+
 bool ggml_smallbatch_mul_mat_chunk(const struct ggml_tensor * dst, const void * wdata, size_t row_size,
                                    bool src1_packed, int64_t ir0_start, int64_t ir0_end,
                                    int64_t ir1_start, int64_t ir1_end) {
@@ -146,38 +179,18 @@ bool ggml_smallbatch_mul_mat_chunk(const struct ggml_tensor * dst, const void * 
         return false;
     }
 
-    GGML_TENSOR_BINARY_OP_LOCALS
-
-    // broadcast factors
-    const int64_t r2 = ne12 / ne02;
-    const int64_t r3 = ne13 / ne03;
+    const int64_t ne00 = src0->ne[0];
+    const size_t  nb01 = src0->nb[1];
 
     const void * y[GGML_SMALLBATCH_MAX_COLS];
     float *      d[GGML_SMALLBATCH_MAX_COLS];
     float        s[GGML_SMALLBATCH_MAX_WROWS * GGML_SMALLBATCH_MAX_COLS];
 
     for (int64_t c0 = ir1_start; c0 < ir1_end;) {
-        // up to MAX_COLS consecutive columns that multiply the same src0 matrix
-        int     nc  = 0;
-        int64_t i02 = 0;
-        int64_t i03 = 0;
-        int64_t c   = c0;
-        const int take = ggml_smallbatch_call_rows(ir1_end - c0);
-        for (; c < ir1_end && nc < take; ++c) {
-            const int64_t i13 = c / (ne12 * ne1);
-            const int64_t i12 = (c - i13 * ne12 * ne1) / ne1;
-            const int64_t i11 = c - i13 * ne12 * ne1 - i12 * ne1;
-            if (nc > 0 && (i12 / r2 != i02 || i13 / r3 != i03)) {
-                break;
-            }
-            i02 = i12 / r2;
-            i03 = i13 / r3;
-            y[nc] = (const char *) wdata + (src1_packed ? (size_t) (i11 + i12 * ne11 + i13 * ne12 * ne11) * row_size
-                                                        : (size_t) (i11 * nb11 + i12 * nb12 + i13 * nb13));
-            d[nc] = (float *) ((char *) dst->data + i11 * nb1 + i12 * nb2 + i13 * nb3);
-            nc++;
-        }
-        const char * src0_mat = (const char *) src0->data + i02 * nb02 + i03 * nb03;
+        const char *  src0_mat;
+        const int64_t c  = ggml_smallbatch_columns(dst, wdata, row_size, src1_packed, c0, ir1_end,
+                                                   ggml_smallbatch_call_rows(ir1_end - c0), y, d, &src0_mat);
+        const int     nc = (int) (c - c0);
         // up to MAX_WROWS weight rows a call: a kernel may share activation loads between them (the
         // Q6_K one runs them one after another: sharing spilled registers and was slower on Zen 4)
         for (int64_t ir0 = ir0_start; ir0 < ir0_end; ir0 += GGML_SMALLBATCH_MAX_WROWS) {

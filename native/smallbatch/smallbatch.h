@@ -171,6 +171,13 @@ bool ggml_smallbatch_has_f16(void);
 bool ggml_smallbatch_f16_chunk(const struct ggml_tensor * dst, const void * wdata, size_t row_size, bool src1_packed,
                                int64_t ir0_start, int64_t ir0_end, int64_t ir1_start, int64_t ir1_end);
 
+// The dst columns (src1 rows) one kernel call takes, from column c0 of [c0, c_end): up to `max` consecutive
+// ones that multiply the same src0 matrix (src0 broadcast over dims 2-3). Fills y[i] (their rows in `wdata`,
+// laid out as ggml_smallbatch_mul_mat_chunk's arguments say), d[i] (their dst columns) and *src0_mat (the
+// src0 matrix they multiply); returns the column after the last one taken.
+int64_t ggml_smallbatch_columns(const struct ggml_tensor * dst, const void * wdata, size_t row_size, bool src1_packed,
+                                int64_t c0, int64_t c_end, int max, const void ** y, float ** d, const char ** src0_mat);
+
 // Whether the small-batch path takes this mat-mul (a type with a kernel, 1..MAX_BATCH src1 rows):
 // the tiled K-quant path (tiled/) then leaves it alone.
 bool ggml_smallbatch_claims(const struct ggml_tensor * dst);
