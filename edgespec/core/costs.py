@@ -273,7 +273,7 @@ class CostModel:
 
     def measured_speedup(self, tokens: int, calls: int, seconds: float, t1: float | None = None) -> float:
         """Speedup that happened: tokens/s over the plain rate 1/T(1). T(1) is what a plain step
-        cost while generating (`t1`, median wall time of the plain steps) when known, else the profile's;
+        cost while generating (`t1`, mean wall time of the plain steps) when known, else the profile's;
         either way no more than a step took on average (a pass never costs less than one row), so
         a generation is never credited with more than its tokens per target call."""
         if calls == 0 or seconds <= 0:
