@@ -342,12 +342,18 @@ static inline __attribute__((always_inline)) void sb_q4_Kx8_q8_K_512(int n, floa
                                                                      const void * const * vy, const int nr, int nc) {
     const int nb = n / QK_K;
     const __m512i m4 = _mm512_set1_epi8(0x0f);
-    // each row's scale byte twice, for the row's two 32-bit lanes
-    const __m128i dup_rows = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    // From the scales of sub-blocks 2sb (bytes 0-7, a row each) and 2sb+1 (bytes 8-15): in 128-bit lane k,
+    // rows 2k and 2k+1, each twice, of sub-block 2sb, then of 2sb+1. packs_epi32(s0, s1) puts words in that
+    // order (lane k: s0's and then s1's two 32-bit lanes of rows 2k and 2k+1), so one dpwssd scales both
+    // sub-blocks: dword 0 of lane k gets row 2k's part of sub-block 2sb, 1 row 2k+1's, 2 and 3 the same
+    // of 2sb+1. A lane's sums lie within +-30,720, so the pack is exact.
+    const __m256i pair_scales = _mm256_setr_epi8(0, 0, 1, 1, 8, 8, 9, 9, 2, 2, 3, 3, 10, 10, 11, 11,
+                                                 4, 4, 5, 5, 12, 12, 13, 13, 6, 6, 7, 7, 14, 14, 15, 15);
     // lanes 2i and 2i+1 of the mins' vectors: row i's (min 4h, min 4h+1) and (min 4h+2, min 4h+3)
     const __m512i mins_pairs = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-    // the low 32 bits of each 64-bit lane of the sums (0-7) and of the mins' products (8-15)
-    const __m512i low_dwords = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    // rows 0-7 of the sums (dwords 0 and 1 of each 128-bit lane) and of the mins' products (the low 32
+    // bits of each 64-bit lane)
+    const __m512i row_dwords = _mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 16, 18, 20, 22, 24, 26, 28, 30);
 
     // per activation row and super-block: the sums of its 8 sub-blocks as int16 (lane s of a 128-bit
     // vector: sub-blocks 2s and 2s+1), the same for every group of weight rows, so made once a call
@@ -388,8 +394,9 @@ static inline __attribute__((always_inline)) void sb_q4_Kx8_q8_K_512(int n, floa
                 const __m256i sm  = sb_scales_mins(w[b].scales + 24 * sb);
                 const __m128i sm0 = _mm256_castsi256_si128(sm);
                 const __m128i sm1 = _mm256_extracti128_si256(sm, 1);
-                const __m512i sc0 = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(sm0, dup_rows));
-                const __m512i sc1 = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(sm1, dup_rows));
+                // the eight rows' scales of both sub-blocks as int16, in the word order of pack_pairs below
+                const __m512i sc01 = _mm512_cvtepu8_epi16(_mm256_shuffle_epi8(
+                    _mm256_broadcastsi128_si256(_mm_unpacklo_epi64(sm0, sm1)), pair_scales));
                 mins[sb] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(_mm_shuffle_epi32(sm0, 0x4e), _mm_shuffle_epi32(sm1, 0x4e)));
 
                 for (int r = 0; r < nr; ++r) {
@@ -402,7 +409,7 @@ static inline __attribute__((always_inline)) void sb_q4_Kx8_q8_K_512(int n, floa
                         s0 = _mm512_dpbusd_epi32(s0, q[0][j], _mm512_set1_epi64(a8[j]));
                         s1 = _mm512_dpbusd_epi32(s1, q[1][j], _mm512_set1_epi64(a8[4 + j]));
                     }
-                    isum[r] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(isum[r], s0, sc0), s1, sc1);
+                    isum[r] = _mm512_dpwssd_epi32(isum[r], _mm512_packs_epi32(s0, s1), sc01);
                 }
             }
             const __m512i mins01 = _mm512_permutex2var_epi32(_mm512_castsi256_si512(mins[0]), mins_pairs, _mm512_castsi256_si512(mins[1]));
@@ -411,8 +418,9 @@ static inline __attribute__((always_inline)) void sb_q4_Kx8_q8_K_512(int n, floa
                 const __m128i p = ps[r * nb + b];
                 __m512i imin = _mm512_dpwssd_epi32(_mm512_setzero_si512(), mins01, _mm512_broadcastq_epi64(p));
                 imin = _mm512_dpwssd_epi32(imin, mins23, _mm512_broadcastq_epi64(_mm_unpackhi_epi64(p, p)));
-                // each row's two lanes added (the low 32 bits of each 64-bit lane), sums then mins' products
-                const __m512i both = _mm512_permutex2var_epi32(_mm512_add_epi32(isum[r], _mm512_srli_epi64(isum[r], 32)), low_dwords,
+                // each row's two sums added (dwords 0 and 1 of each 128-bit lane: rows 2k and 2k+1), then the
+                // mins' products (each row's two lanes: the low 32 bits of each 64-bit lane)
+                const __m512i both = _mm512_permutex2var_epi32(_mm512_add_epi32(isum[r], _mm512_shuffle_epi32(isum[r], 0x4e)), row_dwords,
                                                                _mm512_add_epi32(imin, _mm512_srli_epi64(imin, 32)));
                 const __m512 yd = _mm512_set1_ps(((const block_q8_K *) vy[r] + b)->d);
                 acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(both), _mm512_mul_ps(d_dmin, yd), acc[r]);
