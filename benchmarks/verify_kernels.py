@@ -10,14 +10,18 @@ Each model is loaded twice, in two child processes: one runs the small-batch ker
 set-up built (native/smallbatch), the other the unpatched llama.cpp modules (EDGESPEC_KERNELS=stock),
 or, with --baseline DIR and/or --baseline-env NAME=VALUE, an earlier build of the small-batch modules
 or the same ones with a variable set (GGML_SMALLBATCH_512=0: their 256-bit forms).
-The parent asks them for one round at a time, alternating, so that machine noise hits both alike; a
+The parent asks them for one round at a time, alternating, so that machine noise hits both alike; and
+it starts the two children in one order for the first half of the rounds and in the other for the
+second half, because the child started first ran 1-4% slower than the other with the very same
+modules on a 2-core AMD EPYC (docs/kernels.md): which one loaded first must not decide a ratio. A
 round times one pass over K rows (logits on every row, `--at` tokens of context before them) for
 every K. The table gives medians over rounds: T(1) in ms, T(K)/T(1) for both, and the patched pass's
 cost relative to the stock one, plus the spread (max/min of T(1) over rounds) to judge the run by.
 
 --e2e measures what that does to generation: each child runs the target as a session (gamma auto,
 greedy, chat framing) on the code-edit suite and the open-ended coder prompts (code_open), plain and
-with each drafter; requests alternate between the two kernel sets, repeats rotate the order, and the
+with each drafter; requests alternate between the two kernel sets, repeats rotate the order (and start
+the children afresh, in the other order from the repeat before: an even --repeats balances it), and the
 table gives median tokens/s, the speedup over plain within each kernel set, acceptance, the draft
 lengths gamma auto chose, and small-batch over stock for the same configuration. Each kernel set
 measures its own cost profile, so gamma auto plans with its own T(K).
@@ -160,23 +164,44 @@ class Child:
         self.proc.wait(timeout=60)
 
 
-def measure(model: str, args: argparse.Namespace) -> None:
-    rows = parse_rows(args.rows)
-    children = {"smallbatch": Child(model, "smallbatch", args), "stock": Child(model, "stock", args)}
+KERNEL_SETS = ("smallbatch", "stock")
+
+
+def start_children(model: str, args: argparse.Namespace, turn: int, e2e: bool = False) -> dict[str, Child]:
+    """Both kernel sets' children, the small-batch one started first on even turns and second on odd ones."""
+    order = KERNEL_SETS if turn % 2 == 0 else tuple(reversed(KERNEL_SETS))
+    children: dict[str, Child] = {}
     try:
+        for name in order:
+            children[name] = Child(model, name, args, e2e=e2e)
         if children["smallbatch"].kernels != "smallbatch":
             raise EdgeSpecError("the small-batch kernel modules are not installed here (re-run scripts/setup.sh; "
                                 "its log says why when they could not be built)")
-        times: dict[str, dict[int, list[float]]] = {name: {k: [] for k in rows} for name in children}
-        for r in range(args.rounds):
-            order = list(children) if r % 2 == 0 else list(reversed(children))
-            for name in order:
-                for k, v in children[name].round().items():
-                    times[name][k].append(v)
-            print(f"[{model}] round {r + 1}/{args.rounds}", file=sys.stderr, flush=True)
-    finally:
+    except BaseException:
         for c in children.values():
             c.close()
+        raise
+    return {name: children[name] for name in KERNEL_SETS}
+
+
+def measure(model: str, args: argparse.Namespace) -> None:
+    rows = parse_rows(args.rows)
+    times: dict[str, dict[int, list[float]]] = {name: {k: [] for k in rows} for name in KERNEL_SETS}
+    first_half = (args.rounds + 1) // 2
+    for half, rounds in enumerate((range(first_half), range(first_half, args.rounds))):
+        if not rounds:
+            continue
+        children = start_children(model, args, half)
+        try:
+            for r in rounds:
+                order = list(KERNEL_SETS) if r % 2 == 0 else list(reversed(KERNEL_SETS))
+                for name in order:
+                    for k, v in children[name].round().items():
+                        times[name][k].append(v)
+                print(f"[{model}] round {r + 1}/{args.rounds}", file=sys.stderr, flush=True)
+        finally:
+            for c in children.values():
+                c.close()
     med = {name: {k: statistics.median(v) for k, v in t.items()} for name, t in times.items()}
     variant = children["stock"].variant
     print(f"\n### {model} ({variant} CPU kernels, {args.threads or len(os.sched_getaffinity(0))} threads, "
@@ -201,20 +226,18 @@ def measure_e2e(model: str, args: argparse.Namespace) -> None:
 
     prompts = load_suites(["code_edit"])[: args.edit_prompts] + load_suites(["code_open"])[: args.open_prompts]
     configs = ["none", *[d.strip() for d in args.drafts.split(",") if d.strip()]]
-    children = {"smallbatch": Child(model, "smallbatch", args, e2e=True), "stock": Child(model, "stock", args, e2e=True)}
     res: dict = {}  # (kernels, config, prompt id) -> list of replies
-    try:
-        if children["smallbatch"].kernels != "smallbatch":
-            raise EdgeSpecError("the small-batch kernel modules are not installed here (re-run scripts/setup.sh)")
-        jobs = [(p, c, k) for p in prompts for c in configs for k in children]
-        for r in range(args.repeats):
+    jobs = [(p, c, k) for p in prompts for c in configs for k in KERNEL_SETS]
+    for r in range(args.repeats):
+        children = start_children(model, args, r, e2e=True)
+        try:
             for i, (p, c, k) in enumerate(jobs[r % len(jobs):] + jobs[: r % len(jobs)]):
                 out = children[k].ask({"text": p.text, "draft": c, "max_tokens": args.max_tokens})
                 res.setdefault((k, c, p.id), []).append(out)
                 print(f"[{model}] repeat {r + 1}/{args.repeats}, {i + 1}/{len(jobs)}", file=sys.stderr, flush=True)
-    finally:
-        for ch in children.values():
-            ch.close()
+        finally:
+            for ch in children.values():
+                ch.close()
     groups = {"code edit": [p for p in prompts if p.category == "code_edit"],
               "open-ended": [p for p in prompts if p.category != "code_edit"]}
     print(f"\n### {model}: generation with each kernel set ({children['stock'].variant} CPU kernels, greedy, gamma "
