@@ -329,15 +329,15 @@ static inline __attribute__((always_inline)) void sb_q4_Kx8_q8_K_avx2(int n, flo
 //   lane (vpbroadcastq from memory: a load) and one dpbusd gives, per row, the sums of weights 0-3 (even
 //   32-bit lane) and 4-7 (odd lane). No regrouping shuffles.
 // * A sub-block's sum per lane (16 products of a 4-bit code and an int8) lies within +-30,720, an int16,
-//   so its 6-bit scale is applied by one dpwssd into the row's int32 sum (the scale in the low half of
-//   each 32-bit lane, 0 in the high one), not a 32-bit multiply and two adds.
+//   so the sums of a pair of sub-blocks are packed to int16 and one dpwssd applies both 6-bit scales
+//   into the rows' int32 sums, not a 32-bit multiply and two adds per sub-block.
 // * The mins' products are taken once per super-block: the eight rows' 8 mins as int16 pairs in two
 //   vectors, against the activation row's sub-block sums (computed once per call, not per group of
 //   rows) in two dpwssd.
-// * The two lanes of a row are added once per super-block, the sums and the mins' products side by side
-//   in one vector, so one conversion and one fma per row take both to float.
-// Per row the same int32 sums and the same float steps as ggml_gemv_q4_K_8x8_q8_K, in the same
-// lanes: bit-identical (native/smallbatch/bench).
+// * A row's two partial sums (and its mins' two lanes) are added once per super-block, the sums and the
+//   mins' products side by side in one vector, so one conversion and one fma per row take both to float.
+// Per row and super-block the same int32 sums and the same float steps as ggml_gemv_q4_K_8x8_q8_K, in the
+// same lanes: bit-identical (native/smallbatch/bench).
 static inline __attribute__((always_inline)) void sb_q4_Kx8_q8_K_512(int n, float * s, size_t bs, const void * vx,
                                                                      const void * const * vy, const int nr, int nc) {
     const int nb = n / QK_K;
@@ -394,7 +394,7 @@ static inline __attribute__((always_inline)) void sb_q4_Kx8_q8_K_512(int n, floa
                 const __m256i sm  = sb_scales_mins(w[b].scales + 24 * sb);
                 const __m128i sm0 = _mm256_castsi256_si128(sm);
                 const __m128i sm1 = _mm256_extracti128_si256(sm, 1);
-                // the eight rows' scales of both sub-blocks as int16, in the word order of pack_pairs below
+                // the eight rows' scales of both sub-blocks as int16, in the word order of the pack below
                 const __m512i sc01 = _mm512_cvtepu8_epi16(_mm256_shuffle_epi8(
                     _mm256_broadcastsi128_si256(_mm_unpacklo_epi64(sm0, sm1)), pair_scales));
                 mins[sb] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(_mm_shuffle_epi32(sm0, 0x4e), _mm_shuffle_epi32(sm1, 0x4e)));
