@@ -23,6 +23,16 @@
 
 #include <stdlib.h>
 
+// vec_dot_f16's result from its vector sum `vsum` over values [0, np): the values past its last step
+// added in double, then rounded to float once (both forms)
+static inline float sb_f16_leftover(float vsum, int np, int n, const ggml_fp16_t * x, const float * y) {
+    double sumf = (double) vsum;
+    for (int i = np; i < n; ++i) {
+        sumf += (double) (GGML_CPU_FP16_TO_FP32(x[i]) * y[i]);
+    }
+    return (float) sumf;
+}
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
@@ -116,11 +126,7 @@ static inline __attribute__((always_inline)) void sb_f16_tile(int n, const ggml_
         return;
     }
     for (int c = 0; c < nc; ++c) {
-        double sumf = (double) _mm512_reduce_add_ps(s[c]);
-        for (int i = np; i < n; ++i) {
-            sumf += (double) (GGML_CPU_FP16_TO_FP32(x[i]) * y[c * ldy + i]);
-        }
-        out[c * os] = (float) sumf;
+        out[c * os] = sb_f16_leftover(_mm512_reduce_add_ps(s[c]), np, n, x, y + c * ldy);
     }
 }
 
@@ -174,11 +180,7 @@ static inline __attribute__((always_inline)) void sb_f16_tile(int n, const ggml_
         const __m256 s  = _mm256_add_ps(_mm256_add_ps(acc[c][0], acc[c][2]), _mm256_add_ps(acc[c][1], acc[c][3]));
         const __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
         const __m128 t1 = _mm_hadd_ps(t0, t0);
-        double sumf = (double) _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
-        for (int i = np; i < n; ++i) {
-            sumf += (double) (GGML_CPU_FP16_TO_FP32(x[i]) * y[c * ldy + i]);
-        }
-        out[c * os] = (float) sumf;
+        out[c * os] = sb_f16_leftover(_mm_cvtss_f32(_mm_hadd_ps(t1, t1)), np, n, x, y + c * ldy);
     }
 }
 
