@@ -29,13 +29,21 @@ old_if=""
 grep -q GGML_SMALLBATCH_MAX_WROWS "$b/old/smallbatch.h" && old_if="-DSB_OLD_WROWS"
 $cc -I"$b/old" $inc $ren -c "$b/old/smallbatch-q6_K.c" -o "$b/old-q6_K.o"
 $cc -I"$b/old" $inc $ren -c "$b/old/smallbatch-q4_K.c" -o "$b/old-q4_K.o"
+# the earlier commit's F16 kernel, where it has one (timed against this one)
+old_f16=""
+rm -f "$b/old-f16.o"
+if git -C "$here" show "$old:native/smallbatch/smallbatch-f16.c" > "$b/old/smallbatch-f16.c" 2>/dev/null; then
+  $cc -I"$b/old" $inc -Dggml_smallbatch_f16_chunk=old_smallbatch_f16_chunk -Dggml_smallbatch_has_f16=old_smallbatch_has_f16 \
+      -c "$b/old/smallbatch-f16.c" -o "$b/old-f16.o"
+  old_f16="-DSB_OLD_F16"
+fi
 $cc ${SB_CFLAGS:-} -I"$here/.." $inc -c "$here/../smallbatch-q6_K.c" -o "$b/q6_K.o"
 $cc ${SB_CFLAGS:-} -I"$here/.." $inc -c "$here/../smallbatch-q4_K.c" -o "$b/q4_K.o"
 $cc ${SB_CFLAGS:-} -I"$here/.." $inc -c "$here/../smallbatch-q8_K.c" -o "$b/q8_K.o"
 $cc ${SB_CFLAGS:-} -I"$here/.." $inc -c "$here/../smallbatch-legacy.c" -o "$b/legacy.o"
 $cc ${SB_CFLAGS:-} -I"$here/.." $inc -c "$here/../smallbatch.c" -o "$b/sb.o"
 $cc ${SB_CFLAGS:-} -I"$here/.." $inc -c "$here/../smallbatch-f16.c" -o "$b/f16.o"
-$cc $old_if -I"$here/.." $inc -c "$here/sb_bench.c" -o "$b/sb_bench.o"
+$cc $old_if $old_f16 -I"$here/.." $inc -c "$here/sb_bench.c" -o "$b/sb_bench.o"
 # ggml's per-row kernels, straight from the sdist
 $cc $inc -c "$ggml/src/ggml-cpu/arch/x86/quants.c" -o "$b/ref-quants.o"
 $cxx $inc -c "$ggml/src/ggml-cpu/arch/x86/repack.cpp" -o "$b/ref-repack.o"

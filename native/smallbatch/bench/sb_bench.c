@@ -258,12 +258,12 @@ static const int widths[WIDTHS] = {1536, 8960};
 // the last full step, dst with evenly spaced columns and with a gap between its matrices. Returns the
 // number of differing results.
 static int check_f16(void) {
-    static const int ns[] = {64, 128, 200, 256, 520};
+    static const int ns[] = {64, 128, 200, 256, 520, 896};
     static const int ks[] = {2, 3, 5, 16};
     const int64_t rows = 40, heads_kv = 2, heads = 12;
     int bad = 0;
     srand(7);
-    for (int a = 0; a < 5; ++a) {
+    for (int a = 0; a < 6; ++a) {
         for (int b = 0; b < 4; ++b) {
             for (int gap = 0; gap < 2; ++gap) {
                 const int n = ns[a], k = ks[b];
@@ -303,6 +303,55 @@ static int check_f16(void) {
         }
     }
     return bad;
+}
+
+#ifdef SB_OLD_F16
+bool old_smallbatch_f16_chunk(const struct ggml_tensor * dst, const void * wdata, size_t row_size, bool src1_packed,
+                              int64_t ir0_start, int64_t ir0_end, int64_t ir1_start, int64_t ir1_end);
+#endif
+
+// The F16 kernel as an F16 model's weights use it (one src0 matrix, k src1 rows, a thread's chunk of 64
+// weight rows at a time), against the earlier commit's: ns per 256 multiply-adds of one src1 row
+static void time_f16(void) {
+#ifdef SB_OLD_F16
+    static const int ns[] = {896, 4864};
+    static const int ks[] = {2, 4, 8, 16};
+    const int64_t rows = 512;
+    for (int a = 0; a < 2; ++a) {
+        const int n = ns[a];
+        ggml_fp16_t * x = malloc(sizeof(ggml_fp16_t) * n * rows);
+        ggml_fp16_t * y = malloc(sizeof(ggml_fp16_t) * n * 16);
+        float * out = malloc(sizeof(float) * rows * 16);
+        for (int64_t i = 0; i < n * rows; ++i) x[i] = ggml_fp32_to_fp16(frand() * 0.05f);
+        for (int64_t i = 0; i < n * 16; ++i) y[i] = ggml_fp32_to_fp16(frand());
+        for (int b = 0; b < 4; ++b) {
+            const int k = ks[b];
+            struct ggml_tensor s0 = {0}, s1 = {0}, d = {0};
+            s0.type = GGML_TYPE_F16; s0.ne[0] = n; s0.ne[1] = rows; s0.ne[2] = 1; s0.ne[3] = 1;
+            s0.nb[0] = 2; s0.nb[1] = 2 * n; s0.nb[2] = 2 * n * rows; s0.nb[3] = s0.nb[2]; s0.data = x;
+            s1.type = GGML_TYPE_F16; s1.ne[0] = n; s1.ne[1] = k; s1.ne[2] = 1; s1.ne[3] = 1;
+            s1.nb[0] = 2; s1.nb[1] = 2 * n; s1.nb[2] = 2 * n * k; s1.nb[3] = s1.nb[2]; s1.data = y;
+            d.type = GGML_TYPE_F32; d.ne[0] = rows; d.ne[1] = k; d.ne[2] = 1; d.ne[3] = 1;
+            d.nb[0] = 4; d.nb[1] = 4 * rows; d.nb[2] = 4 * rows * k; d.nb[3] = d.nb[2]; d.data = out;
+            d.src[0] = &s0; d.src[1] = &s1;
+            double t[2][REPEATS];
+            for (int rep = 0; rep < REPEATS; ++rep) {
+                const double t0 = now_ns();
+                for (int64_t r = 0; r < rows; r += 64) old_smallbatch_f16_chunk(&d, y, 2 * n, true, r, r + 64, 0, k);
+                const double t1 = now_ns();
+                for (int64_t r = 0; r < rows; r += 64) ggml_smallbatch_f16_chunk(&d, y, 2 * n, true, r, r + 64, 0, k);
+                const double t2 = now_ns();
+                const double units = (double) rows * k * n / 256;
+                t[0][rep] = (t1 - t0) / units;
+                t[1][rep] = (t2 - t1) / units;
+            }
+            qsort(t[0], REPEATS, sizeof(double), cmp_double);
+            qsort(t[1], REPEATS, sizeof(double), cmp_double);
+            printf("time F16 n=%d k=%d  old %6.2f new %6.2f (x%.2f)\n", n, k, t[0][0], t[1][0], t[0][0] / t[1][0]);
+        }
+        free(x); free(y); free(out);
+    }
+#endif
 }
 
 int main(int argc, char ** argv) {
@@ -429,6 +478,9 @@ int main(int argc, char ** argv) {
         free(f); free(act); free(w6); free(w4); free(w4x8); free(ref6); free(ref4); free(out);
     }
     failures += check_f16();
+    if (!check_only) {
+        time_f16();
+    }
     printf(failures ? "FAILED: %d results differ\n" : "all results bit-identical\n", failures);
     return failures != 0;
 }
