@@ -117,16 +117,30 @@ def test_small_batch_logits_match_the_unpatched_module(name, tmp_path):
             assert moved < PROB_TOLERANCE, f"K={k}: a token's probability moved by {moved}"
 
 
+def _f16_copy(name: str) -> Path:
+    """An F16 copy of a bundled model (llama.cpp's own quantizer; cached outside the tree): a target whose
+    weights, not only its attention, go through the F16 kernel."""
+    from edgespec.models.bundled import bundled_path
+    from edgespec.models.derive import DERIVED_DIR, requantize
+
+    src = bundled_path(name)
+    base, _, quant = src.stem.rpartition(".")
+    dst = DERIVED_DIR / f"{base}.F16-from-{quant}.gguf"
+    return dst if dst.is_file() else requantize(src, dst, "f16")
+
+
 @needs_kernels
-@pytest.mark.parametrize("name", ["gemma3-270m", "smollm2-135m", pytest.param("qwen2.5-coder-1.5b", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", ["gemma3-270m", "smollm2-135m", "smollm2-135m:f16",
+                                  pytest.param("qwen2.5-coder-1.5b", marks=pytest.mark.slow)])
 def test_a_verification_pass_gives_each_token_its_logits_decoded_alone(name, tmp_path):
     """With the F16 kernel (attention: vec_dot_f16's sums) beside the quantized ones, every op of a pass
     over 2..32 rows computes each row as a pass over that row alone: a batch of K tokens gets, row for
     row, the logits of decoding them one at a time, bit for bit (the unpatched module's sgemm attention
-    moves them by up to 0.5-1.3). So greedy speculation verifies against plain decoding's own logits."""
+    moves them by up to 0.5-1.3). So greedy speculation verifies against plain decoding's own logits.
+    An F16 target (SmolLM2 converted) runs its weights through the F16 kernel as well."""
     from edgespec.models import resolve_local
 
-    path = resolve_local(name)
+    path = _f16_copy(name.split(":")[0]) if name.endswith(":f16") else resolve_local(name)
     if path is None:
         pytest.skip(f"{name} is not installed")
     got, info = _logits(path, tmp_path / "smallbatch.npy", "smallbatch")

@@ -33,6 +33,41 @@ static inline float sb_f16_leftover(float vsum, int np, int n, const ggml_fp16_t
     return (float) sumf;
 }
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+
+// F16 weights (a whole F16 model's mat-muls) stream from memory, and a pair of rows then waits for its lines in
+// its first tile and computes from L1 in the others: the next pair's rows are fetched while this pair computes,
+// spread over its tiles (an F16 0.5B's passes over 2-16 rows 0.69-0.85x the time on Zen 4; into L2, as the
+// K-quant kernels do there: into L1 read 0.97-1.07x of that)
+#ifndef SB_F16_HINT
+#define SB_F16_HINT _MM_HINT_T1
+#endif
+// The bytes [o, o_end) of a range that is row a's 2n bytes and then row b's, fetched a few lines a step over
+// one tile's steps (pf.a NULL: nothing to fetch)
+struct sb_f16_pf {
+    const char * a;
+    const char * b;
+    int64_t      o;
+    int64_t      o_end;
+};
+
+// Bytes to fetch a step, for a tile of `steps` steps (whole lines, at least one)
+static inline int64_t sb_f16_fetch_step(const struct sb_f16_pf * pf, int steps) {
+    const int64_t lines = (pf->o_end - pf->o + 63) / 64;
+    return steps > 0 ? 64 * ((lines + steps - 1) / steps) : 0;
+}
+
+static inline __attribute__((always_inline)) void sb_f16_fetch(struct sb_f16_pf * pf, int n, int64_t step) {
+    const int64_t until = pf->o + step < pf->o_end ? pf->o + step : pf->o_end;
+    for (; pf->o < until; pf->o += 64) {
+        const char * p = pf->o < 2 * n ? pf->a + pf->o : pf->b + (pf->o - 2 * n);
+        _mm_prefetch(p, SB_F16_HINT);
+    }
+}
+
+#endif
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
@@ -56,33 +91,10 @@ static inline __attribute__((always_inline)) void sb_f16_reduce4(const __m512 s0
 // src0 row r: each src1 vector loaded once for both rows (24 accumulators), where one row a pass did
 // about as many loads as multiplies
 #define SB_F16_PAIR_TILE 3
-// F16 weights (a whole F16 model's mat-muls) stream from memory, and a pair of rows then waits for its lines in
-// its first tile and computes from L1 in the others: the next pair's rows are fetched while this pair computes,
-// spread over its tiles (an F16 0.5B's passes over 2-16 rows 0.69-0.85x the time on Zen 4; into L2, as the
-// K-quant kernels do there: into L1 read 0.97-1.07x of that)
-#ifndef SB_F16_HINT
-#define SB_F16_HINT _MM_HINT_T1
-#endif
-// The bytes [o, o_end) of a range that is row a's 2n bytes and then row b's, fetched a few lines a step over
-// one tile's steps (pf.a NULL: nothing to fetch)
-struct sb_f16_pf {
-    const char * a;
-    const char * b;
-    int64_t      o;
-    int64_t      o_end;
-};
-
-static inline __attribute__((always_inline)) void sb_f16_fetch(struct sb_f16_pf * pf, int n, int64_t until) {
-    for (; pf->o < until; pf->o += 64) {
-        const char * p = pf->o < 2 * n ? pf->a + pf->o : pf->b + (pf->o - 2 * n);
-        _mm_prefetch(p, SB_F16_HINT);
-    }
-}
-
 static inline __attribute__((always_inline)) void sb_f16_tile2(int n, const ggml_fp16_t * x0, const ggml_fp16_t * x1,
                                                                const float * y, size_t ldy, float * out, size_t os,
                                                                const int nc, struct sb_f16_pf pf) {
-    const int64_t pf_start = pf.o, pf_span = pf.o_end - pf.o;
+    const int64_t pf_step = sb_f16_fetch_step(&pf, n / 64);
     __m512 acc[2][SB_F16_PAIR_TILE][4];
     for (int c = 0; c < nc; ++c) {
         for (int j = 0; j < 4; ++j) {
@@ -92,7 +104,7 @@ static inline __attribute__((always_inline)) void sb_f16_tile2(int n, const ggml
     }
     for (int i = 0; i < n; i += 64) {
         if (pf.a != NULL) {
-            sb_f16_fetch(&pf, n, pf_start + pf_span * (i + 64) / n);
+            sb_f16_fetch(&pf, n, pf_step);
         }
         for (int j = 0; j < 4; ++j) {
             const __m512 xa = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (x0 + i + 16 * j)));
@@ -124,8 +136,9 @@ static inline __attribute__((always_inline)) void sb_f16_tile2(int n, const ggml
 
 // One src0 row x (NC, a constant) src1 rows of n values, y[c] at y + c * ldy, into out[c * os]
 static inline __attribute__((always_inline)) void sb_f16_tile(int n, const ggml_fp16_t * x, const float * y, size_t ldy,
-                                                              float * out, size_t os, const int nc) {
+                                                              float * out, size_t os, const int nc, struct sb_f16_pf pf) {
     const int np = n & ~63;
+    const int64_t pf_step = sb_f16_fetch_step(&pf, np / 64);
     __m512 acc[SB_F16_TILE][4];
     for (int c = 0; c < nc; ++c) {
         for (int j = 0; j < 4; ++j) {
@@ -133,6 +146,9 @@ static inline __attribute__((always_inline)) void sb_f16_tile(int n, const ggml_
         }
     }
     for (int i = 0; i < np; i += 64) {
+        if (pf.a != NULL) {
+            sb_f16_fetch(&pf, n, pf_step);
+        }
         for (int j = 0; j < 4; ++j) {
             const __m512 xv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (x + i + 16 * j)));
             for (int c = 0; c < nc; ++c) {
@@ -158,12 +174,12 @@ static inline __attribute__((always_inline)) void sb_f16_tile(int n, const ggml_
 }
 
 static inline __attribute__((always_inline)) void sb_f16_tiles(int n, const ggml_fp16_t * x, const float * y, size_t ldy,
-                                                               float * out, size_t os, int nc) {
+                                                               float * out, size_t os, int nc, struct sb_f16_pf pf) {
     switch (nc) {
-        case 1: sb_f16_tile(n, x, y, ldy, out, os, 1); break;
-        case 2: sb_f16_tile(n, x, y, ldy, out, os, 2); break;
-        case 3: sb_f16_tile(n, x, y, ldy, out, os, 3); break;
-        default: sb_f16_tile(n, x, y, ldy, out, os, 4); break;
+        case 1: sb_f16_tile(n, x, y, ldy, out, os, 1, pf); break;
+        case 2: sb_f16_tile(n, x, y, ldy, out, os, 2, pf); break;
+        case 3: sb_f16_tile(n, x, y, ldy, out, os, 3, pf); break;
+        default: sb_f16_tile(n, x, y, ldy, out, os, 4, pf); break;
     }
 }
 
@@ -188,8 +204,9 @@ static inline __attribute__((always_inline)) void sb_f16_tiles2(int n, const ggm
 
 // The AVX2 form of vec_dot_f16: 8-lane accumulators over steps of 32 values, GGML_F32x8_REDUCE's sums
 static inline __attribute__((always_inline)) void sb_f16_tile(int n, const ggml_fp16_t * x, const float * y, size_t ldy,
-                                                              float * out, size_t os, const int nc) {
+                                                              float * out, size_t os, const int nc, struct sb_f16_pf pf) {
     const int np = n & ~31;
+    const int64_t pf_step = sb_f16_fetch_step(&pf, np / 32);
     __m256 acc[SB_F16_TILE][4];
     for (int c = 0; c < nc; ++c) {
         for (int j = 0; j < 4; ++j) {
@@ -197,6 +214,9 @@ static inline __attribute__((always_inline)) void sb_f16_tile(int n, const ggml_
         }
     }
     for (int i = 0; i < np; i += 32) {
+        if (pf.a != NULL) {
+            sb_f16_fetch(&pf, n, pf_step);
+        }
         for (int j = 0; j < 4; ++j) {
             const __m256 xv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (x + i + 8 * j)));
             for (int c = 0; c < nc; ++c) {
@@ -213,13 +233,97 @@ static inline __attribute__((always_inline)) void sb_f16_tile(int n, const ggml_
 }
 
 static inline __attribute__((always_inline)) void sb_f16_tiles(int n, const ggml_fp16_t * x, const float * y, size_t ldy,
-                                                               float * out, size_t os, int nc) {
+                                                               float * out, size_t os, int nc, struct sb_f16_pf pf) {
     switch (nc) {
-        case 1: sb_f16_tile(n, x, y, ldy, out, os, 1); break;
-        case 2: sb_f16_tile(n, x, y, ldy, out, os, 2); break;
-        default: sb_f16_tile(n, x, y, ldy, out, os, 3); break;
+        case 1: sb_f16_tile(n, x, y, ldy, out, os, 1, pf); break;
+        case 2: sb_f16_tile(n, x, y, ldy, out, os, 2, pf); break;
+        default: sb_f16_tile(n, x, y, ldy, out, os, 3, pf); break;
     }
 }
+
+// Long rows (F16 weights: a whole F16 model's mat-muls) with AVX2's 16 registers. At four accumulators a
+// result the tile above holds three results, and each src1 vector it loads (from L2 past a few rows) serves
+// one multiply: a pass over 16 rows of an F16 0.5B took 1.5x llamafile's time. But vec_dot_f16's four
+// accumulators are sums of their own (accumulator j: vector j of every step of 32 values), so they can be
+// taken one j at a time with one register a result: 4 src0 rows x 2 src1 rows, each loaded vector serving
+// two or four multiplies. The four passes go over blocks of 256 values (4 KB of the tile's values, in L1),
+// each accumulator kept between blocks; every accumulator adds its products in vec_dot's order and the four
+// are added as vec_dot adds them, (0 + 2) + (1 + 3): bit-identical. In cache (sb_bench, haswell flags, Zen 4)
+// 1.3-1.8x the tile above at 2-16 rows; 3 x 4, 3 x 3, 5 x 2 and 6 x 1 tiles and blocks of 512 or 1024 read
+// slower.
+#define SB_F16_JROWS 4
+#define SB_F16_JCOLS 2
+#define SB_F16_JMIN 256     // shorter rows (attention's K x Q over a head's 64-128 values) keep the tile above
+#define SB_F16_JBLOCK 256
+static inline __attribute__((always_inline)) void sb_f16_tile_j(int n, const char * x, size_t nb01, const float * y,
+                                                                size_t ldy, float * out, size_t os, size_t rs,
+                                                                const int nc, struct sb_f16_pf pf) {
+    // pf: the next tile's rows (contiguous, pf.a on), fetched a few lines a pass over a block
+    const int passes = 4 * ((n + SB_F16_JBLOCK - 1) / SB_F16_JBLOCK);
+    const int64_t pf_step = 64 * (((pf.o_end - pf.o + 63) / 64 + passes - 1) / passes);
+    __m256 state[4][SB_F16_JROWS][SB_F16_JCOLS];  // accumulator j of each result, between blocks
+    for (int j = 0; j < 4; ++j) {
+        for (int r = 0; r < SB_F16_JROWS; ++r) {
+            for (int c = 0; c < nc; ++c) {
+                state[j][r][c] = _mm256_setzero_ps();
+            }
+        }
+    }
+    // blocks of SB_F16_JBLOCK values, so that the four passes over a block find its values in L1
+    for (int b0 = 0; b0 < n; b0 += SB_F16_JBLOCK) {
+        const int b1 = b0 + SB_F16_JBLOCK < n ? b0 + SB_F16_JBLOCK : n;
+        for (int j = 0; j < 4; ++j) {
+            __m256 acc[SB_F16_JROWS][SB_F16_JCOLS];
+            for (int r = 0; r < SB_F16_JROWS; ++r) {
+                for (int c = 0; c < nc; ++c) {
+                    acc[r][c] = state[j][r][c];
+                }
+            }
+            if (pf.a != NULL) {
+                const int64_t until = pf.o + pf_step < pf.o_end ? pf.o + pf_step : pf.o_end;
+                for (; pf.o < until; pf.o += 64) {
+                    _mm_prefetch(pf.a + pf.o, SB_F16_HINT);
+                }
+            }
+            for (int i = b0 + 8 * j; i < b1; i += 32) {
+                __m256 xv[SB_F16_JROWS];
+                for (int r = 0; r < SB_F16_JROWS; ++r) {
+                    xv[r] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (x + r * nb01 + 2 * (size_t) i)));
+                }
+                for (int c = 0; c < nc; ++c) {
+                    const __m256 yv = _mm256_loadu_ps(y + c * ldy + i);
+                    for (int r = 0; r < SB_F16_JROWS; ++r) {
+                        acc[r][c] = _mm256_fmadd_ps(xv[r], yv, acc[r][c]);
+                    }
+                }
+            }
+            for (int r = 0; r < SB_F16_JROWS; ++r) {
+                for (int c = 0; c < nc; ++c) {
+                    state[j][r][c] = acc[r][c];
+                }
+            }
+        }
+    }
+    for (int r = 0; r < SB_F16_JROWS; ++r) {
+        for (int c = 0; c < nc; ++c) {  // GGML_F32x8_REDUCE: (0 + 2) + (1 + 3), then the lanes
+            const __m256 s  = _mm256_add_ps(_mm256_add_ps(state[0][r][c], state[2][r][c]),
+                                            _mm256_add_ps(state[1][r][c], state[3][r][c]));
+            const __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+            const __m128 t1 = _mm_hadd_ps(t0, t0);
+            out[c * os + r * rs] = _mm_cvtss_f32(_mm_hadd_ps(t1, t1));  // no values past the last step
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void sb_f16_tiles_j(int n, const char * x, size_t nb01, const float * y,
+                                                                 size_t ldy, float * out, size_t os, size_t rs, int nc,
+                                                                 struct sb_f16_pf pf) {
+    switch (nc) {
+        case 1: sb_f16_tile_j(n, x, nb01, y, ldy, out, os, rs, 1, pf); break;
+        default: sb_f16_tile_j(n, x, nb01, y, ldy, out, os, rs, 2, pf); break;
+    }
+}
+#define SB_F16_JTILES 1
 
 #define SB_F16_KERNEL 1
 #endif
@@ -270,6 +374,37 @@ bool ggml_smallbatch_f16_chunk(const struct ggml_tensor * dst, const void * wdat
             even = d[j] - d[j - 1] == d[1] - d[0];
         }
         int64_t ir0 = ir0_start;
+#ifdef SB_F16_JTILES
+        // weights only: rows one after another (attention's V rows are spaced by the cache's size, and keep
+        // the tile above, as measured with it)
+        const bool weights = nb01 == 2 * (size_t) n;
+        for (; weights && n % 32 == 0 && n >= SB_F16_JMIN && ir0 + SB_F16_JROWS <= ir0_end; ir0 += SB_F16_JROWS) {
+            const char * x = src0_mat + ir0 * nb01;
+            // the next tile's rows fetched while this one computes, spread over its column tiles
+            const int ntiles = (nc + SB_F16_JCOLS - 1) / SB_F16_JCOLS;
+            const int64_t span = (int64_t) 2 * n * SB_F16_JROWS;
+            struct sb_f16_pf pf = {NULL, NULL, 0, 0};
+            if (ir0 + 2 * SB_F16_JROWS <= ir0_end) {
+                pf.a = x + SB_F16_JROWS * nb01;
+            }
+            for (int t = 0; t < nc; t += SB_F16_JCOLS) {
+                const int nt = nc - t < SB_F16_JCOLS ? nc - t : SB_F16_JCOLS;
+                pf.o = span * (t / SB_F16_JCOLS) / ntiles;
+                pf.o_end = span * (t / SB_F16_JCOLS + 1) / ntiles;
+                if (even) {
+                    sb_f16_tiles_j(n, x, nb01, buf + (size_t) t * ldy, ldy, d[t] + ir0, nc > 1 ? (size_t) (d[1] - d[0]) : 0, 1, nt, pf);
+                } else {
+                    float out[SB_F16_JCOLS * SB_F16_JROWS];
+                    sb_f16_tiles_j(n, x, nb01, buf + (size_t) t * ldy, ldy, out, SB_F16_JROWS, 1, nt, pf);
+                    for (int j = 0; j < nt; ++j) {
+                        for (int r = 0; r < SB_F16_JROWS; ++r) {
+                            d[t + j][ir0 + r] = out[j * SB_F16_JROWS + r];
+                        }
+                    }
+                }
+            }
+        }
+#endif
 #ifdef SB_F16_PAIRS
         for (; n % 64 == 0 && ir0 + 1 < ir0_end; ir0 += 2) {  // two src0 rows at a time
             const ggml_fp16_t * x0 = (const ggml_fp16_t *) (src0_mat + ir0 * nb01);
@@ -299,13 +434,21 @@ bool ggml_smallbatch_f16_chunk(const struct ggml_tensor * dst, const void * wdat
 #endif
         for (; ir0 < ir0_end; ++ir0) {
             const ggml_fp16_t * x = (const ggml_fp16_t *) (src0_mat + ir0 * nb01);
+            // the next row fetched while this one computes, as for pairs above
+            const int ntiles = (nc + SB_F16_TILE - 1) / SB_F16_TILE;
+            struct sb_f16_pf pf = {NULL, NULL, 0, 0};
+            if (ir0 + 1 < ir0_end) {
+                pf.a = src0_mat + (ir0 + 1) * nb01;
+            }
             for (int t = 0; t < nc; t += SB_F16_TILE) {
                 const int nt = nc - t < SB_F16_TILE ? nc - t : SB_F16_TILE;
+                pf.o = (int64_t) 2 * n * (t / SB_F16_TILE) / ntiles;
+                pf.o_end = (int64_t) 2 * n * (t / SB_F16_TILE + 1) / ntiles;
                 if (even) {
-                    sb_f16_tiles(n, x, buf + (size_t) t * ldy, ldy, d[t] + ir0, nc > 1 ? (size_t) (d[1] - d[0]) : 0, nt);
+                    sb_f16_tiles(n, x, buf + (size_t) t * ldy, ldy, d[t] + ir0, nc > 1 ? (size_t) (d[1] - d[0]) : 0, nt, pf);
                 } else {
                     float out[SB_F16_TILE];
-                    sb_f16_tiles(n, x, buf + (size_t) t * ldy, ldy, out, 1, nt);
+                    sb_f16_tiles(n, x, buf + (size_t) t * ldy, ldy, out, 1, nt, pf);
                     for (int j = 0; j < nt; ++j) {
                         d[t + j][ir0] = out[j];
                     }
