@@ -305,6 +305,52 @@ static int check_f16(void) {
     return bad;
 }
 
+// The multiply peak the kernels' fractions are taken of: ns per instruction of 24 (AVX2: 12) independent
+// multiply-adds in registers, as this core issues them (no memory, no dependency between them)
+#define SB_PEAK_F(r) "vfmadd231ps %%zmm30, %%zmm31, %%zmm" #r "\n\t"
+#define SB_PEAK_D(r) "vpdpbusd %%zmm30, %%zmm31, %%zmm" #r "\n\t"
+#define SB_PEAK_Y(r) "vfmadd231ps %%ymm14, %%ymm15, %%ymm" #r "\n\t"
+#define SB_PEAK_24(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9) M(10) M(11) \
+                      M(12) M(13) M(14) M(15) M(16) M(17) M(18) M(19) M(20) M(21) M(22) M(23)
+static void time_peak(void) {
+    const long it = 20000000;
+    double best[3] = {1e30, 1e30, 1e30};
+    for (int rep = 0; rep < 5; ++rep) {
+        double t0 = now_ns();
+        __asm__ volatile("vxorps %%xmm14, %%xmm14, %%xmm14\n\tvxorps %%xmm15, %%xmm15, %%xmm15\n\tmov %0, %%rcx\n\t1:\n\t"
+                         SB_PEAK_Y(0) SB_PEAK_Y(1) SB_PEAK_Y(2) SB_PEAK_Y(3) SB_PEAK_Y(4) SB_PEAK_Y(5)
+                         SB_PEAK_Y(6) SB_PEAK_Y(7) SB_PEAK_Y(8) SB_PEAK_Y(9) SB_PEAK_Y(10) SB_PEAK_Y(11)
+                         "dec %%rcx\n\tjnz 1b\n\t" :: "r"(it)
+                         : "rcx", "memory", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8",
+                           "xmm9", "xmm10", "xmm11", "xmm14", "xmm15");
+        double t1 = now_ns();
+        if ((t1 - t0) / (it * 12.0) < best[0]) best[0] = (t1 - t0) / (it * 12.0);
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+        t0 = now_ns();
+        __asm__ volatile("vxorps %%xmm30, %%xmm30, %%xmm30\n\tvxorps %%xmm31, %%xmm31, %%xmm31\n\tmov %0, %%rcx\n\t1:\n\t"
+                         SB_PEAK_24(SB_PEAK_F) "dec %%rcx\n\tjnz 1b\n\t" :: "r"(it)
+                         : "rcx", "memory", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8",
+                           "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18",
+                           "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm30", "xmm31");
+        t1 = now_ns();
+        if ((t1 - t0) / (it * 24.0) < best[1]) best[1] = (t1 - t0) / (it * 24.0);
+        t0 = now_ns();
+        __asm__ volatile("vpxord %%zmm30, %%zmm30, %%zmm30\n\tvpxord %%zmm31, %%zmm31, %%zmm31\n\tmov %0, %%rcx\n\t1:\n\t"
+                         SB_PEAK_24(SB_PEAK_D) "dec %%rcx\n\tjnz 1b\n\t" :: "r"(it)
+                         : "rcx", "memory", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8",
+                           "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18",
+                           "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm30", "xmm31");
+        t1 = now_ns();
+        if ((t1 - t0) / (it * 24.0) < best[2]) best[2] = (t1 - t0) / (it * 24.0);
+#endif
+    }
+    printf("peak: 256-bit fma %.3f ns", best[0]);
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+    printf(", 512-bit fma %.3f ns, 512-bit vpdpbusd %.3f ns", best[1], best[2]);
+#endif
+    printf(" per instruction\n");
+}
+
 #ifdef SB_OLD_F16
 bool old_smallbatch_f16_chunk(const struct ggml_tensor * dst, const void * wdata, size_t row_size, bool src1_packed,
                               int64_t ir0_start, int64_t ir0_end, int64_t ir1_start, int64_t ir1_end);
@@ -480,6 +526,7 @@ int main(int argc, char ** argv) {
     failures += check_f16();
     if (!check_only) {
         time_f16();
+        time_peak();
     }
     printf(failures ? "FAILED: %d results differ\n" : "all results bit-identical\n", failures);
     return failures != 0;
