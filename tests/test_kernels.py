@@ -85,7 +85,8 @@ def _logits(path: Path, out: Path, kernels: str, extra_env: dict | None = None,
 
 
 @needs_kernels
-@pytest.mark.parametrize("name", ["gemma3-270m", pytest.param("qwen2.5-coder-1.5b", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", ["gemma3-270m", "smollm2-135m:mxfp4",
+                                  pytest.param("qwen2.5-coder-1.5b", marks=pytest.mark.slow)])
 def test_small_batch_logits_match_the_unpatched_module(name, tmp_path):
     """Batches of 1..8, 17, 24 and 40 rows after the same 24-token prefill. For 1-3 rows the unpatched module runs
     one per-row kernel call per weight row and token (Q6_K vec_dot, the repacked Q4_K gemv), which
@@ -94,10 +95,11 @@ def test_small_batch_logits_match_the_unpatched_module(name, tmp_path):
     whose float sums are ordered otherwise:
     no token's probability moves by more than 0.15 (a near-tie's top token may swap). Gemma-3-270M's
     Q4_K_M holds Q6_K and Q4_K tensors; the real 1.5B target, when installed, 354 MB of Q6_K and
-    757 MB of Q4_K."""
+    757 MB of Q4_K. An MXFP4 copy of SmolLM2 runs ggml's repacked MXFP4 gemv for 1-3 rows and the 4-row gemm
+    past that, where the small-batch module runs its MXFP4 kernel."""
     from edgespec.models import resolve_local
 
-    path = resolve_local(name)
+    path = _mxfp4_copy(name.split(":")[0]) if name.endswith(":mxfp4") else resolve_local(name)
     if path is None:
         pytest.skip(f"{name} is not installed")
     # attention as the unpatched module sums it (F16 kernel off): the quantized kernels alone compared
@@ -115,6 +117,22 @@ def test_small_batch_logits_match_the_unpatched_module(name, tmp_path):
         else:
             moved = float(np.max(np.abs(softmax(a[k]) - softmax(b[k]))))
             assert moved < PROB_TOLERANCE, f"K={k}: a token's probability moved by {moved}"
+
+
+def _mxfp4_copy(name: str) -> Path:
+    """An MXFP4 copy of a bundled model (the quant tool's real GGUF MXFP4 tensors; cached outside the tree):
+    llama.cpp repacks them eight rows at a time, and the small-batch MXFP4 kernel takes those."""
+    from edgespec.apps.quant.convert import convert
+    from edgespec.models.bundled import bundled_path
+    from edgespec.models.derive import DERIVED_DIR
+
+    src = bundled_path(name)
+    base, _, quant = src.stem.rpartition(".")
+    dst = DERIVED_DIR / f"{base}.MXFP4-from-{quant}.gguf"
+    if not dst.is_file():
+        DERIVED_DIR.mkdir(parents=True, exist_ok=True)
+        convert(src, dst, "mxfp4", progress=False)
+    return dst
 
 
 def _f16_copy(name: str) -> Path:

@@ -29,6 +29,7 @@
 #include "ggml-cpu-impl.h"
 #include "simd-mappings.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__AVX2__)
@@ -165,6 +166,139 @@ static inline __attribute__((always_inline)) void sb_q4_1_q8_1(int n, float * s,
     }
 }
 
+// MXFP4 repacked eight rows at a time (repack.cpp's block_mxfp4x8: the eight rows' E8M0 exponents, then
+// their 16-byte code blocks interleaved in 8-byte chunks) against Q8_0 activation rows. A weight is
+// kvalues_mxfp4[code] (twice its FP4 E2M1 value: -12..12) times the block's exponent halved.
+// ggml_gemv_mxfp4_8x8_q8_0 (arch/x86/repack.cpp) gives each 32-bit lane one weight row's exact integer dot
+// over the 32 codes of a block (rows in the order 0, 4, 1, 5, 2, 6, 3, 7), converts it to float and adds
+// it times exponent * d_y to that lane with one fma, block after block; the lanes are the eight results.
+// Here the codes of a block are looked up once for all activation rows, as unsigned bytes (value + 12, so
+// that one vpdpbusd takes four of them against four activation bytes), and each activation row starts its
+// lanes from -12 x the sum of its 32 values: the same integer per lane, then the same float steps, so
+// every result equals the gemv's bit for bit. The gemv is measured faster for one row; this takes 2 and more.
+typedef struct {
+    uint8_t e[8];
+    uint8_t qs[QK_MXFP4 * 4];
+} sb_block_mxfp4x8;
+
+// Blocks of eight rows ahead that the weight stream is prefetched (4 x 136 bytes)
+#define SB_MXFP4X8_PREFETCH 4
+
+static inline __m256i sb_dot_u8s8(const __m256i acc, const __m256i u, const __m256i v) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(acc, u, v);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(acc, u, v);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_set1_epi16(1), _mm256_maddubs_epi16(u, v)));
+#endif
+}
+
+static inline __attribute__((always_inline)) void sb_mxfp4x8_q8_0(int n, float * s, size_t bs, const void * vx,
+                                                                  const void * const * vy, const int nr, int nc) {
+    const int nb = n / QK8_0;
+    // 12 x the sum of each activation row's 32 values, per block (exact; kept per thread for the next call)
+    static __thread int32_t * sums = NULL;
+    static __thread size_t    cap  = 0;
+    if (cap < (size_t) nr * nb) {
+        int32_t * grown = (int32_t *) realloc(sums, sizeof(int32_t) * nr * nb);
+        if (grown == NULL) {
+            GGML_ABORT("out of memory");
+        }
+        sums = grown;
+        cap  = (size_t) nr * nb;
+    }
+    for (int r = 0; r < nr; ++r) {
+        const block_q8_0 * y = (const block_q8_0 *) vy[r];
+        for (int b = 0; b < nb; ++b) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *) y[b].qs);
+            const __m256i p = _mm256_madd_epi16(_mm256_set1_epi16(1), _mm256_maddubs_epi16(_mm256_set1_epi8(1), v));
+            __m128i t = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+            t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+            t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+            sums[r * nb + b] = 12 * _mm_cvtsi128_si32(t);
+        }
+    }
+    // kvalues_mxfp4 (ggml-common.h: 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12) + 12
+    const __m256i lut  = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
+                                          12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+    const __m256i m4   = _mm256_set1_epi8(0x0f);
+    const __m256i perm = _mm256_set_epi32(7, 5, 3, 1, 6, 4, 2, 0);  // lanes 0, 4, 1, 5, ... back to rows 0-7
+
+    for (int x = 0; x < nc / 8; ++x) {
+        const sb_block_mxfp4x8 * w = (const sb_block_mxfp4x8 *) vx + (size_t) x * nb;
+        __m256 acc[GGML_SMALLBATCH_MAX_COLS];
+        for (int r = 0; r < nr; ++r) {
+            acc[r] = _mm256_setzero_ps();
+        }
+        for (int b = 0; b < nb; ++b) {
+            _mm_prefetch((const char *) (w + b + SB_MXFP4X8_PREFETCH), _MM_HINT_T0);
+            _mm_prefetch((const char *) (w + b + SB_MXFP4X8_PREFETCH) + 64, _MM_HINT_T0);
+            _mm_prefetch((const char *) (w + b + SB_MXFP4X8_PREFETCH) + 128, _MM_HINT_T0);
+            const __m256i q0 = _mm256_loadu_si256((const __m256i *) w[b].qs);         // rows 0-3, bytes 0-7
+            const __m256i q1 = _mm256_loadu_si256((const __m256i *) w[b].qs + 1);     // rows 4-7, bytes 0-7
+            const __m256i q2 = _mm256_loadu_si256((const __m256i *) w[b].qs + 2);     // rows 0-3, bytes 8-15
+            const __m256i q3 = _mm256_loadu_si256((const __m256i *) w[b].qs + 3);     // rows 4-7, bytes 8-15
+            // bytes 4k..4k+3 of rows 0, 4, 1, 5, 2, 6, 3, 7 (the gemv's lanes)
+            const __m256i r0 = _mm256_blend_epi32(q0, _mm256_shuffle_epi32(q1, 0xb1), 0xaa);
+            const __m256i r1 = _mm256_blend_epi32(_mm256_shuffle_epi32(q0, 0xb1), q1, 0xaa);
+            const __m256i r2 = _mm256_blend_epi32(q2, _mm256_shuffle_epi32(q3, 0xb1), 0xaa);
+            const __m256i r3 = _mm256_blend_epi32(_mm256_shuffle_epi32(q2, 0xb1), q3, 0xaa);
+            // codes 4k..4k+3 (k < 4: low nibbles, weights 0-15; then high ones, 16-31) as value + 12
+            __m256i wu[8];
+            wu[0] = _mm256_shuffle_epi8(lut, _mm256_and_si256(r0, m4));
+            wu[1] = _mm256_shuffle_epi8(lut, _mm256_and_si256(r1, m4));
+            wu[2] = _mm256_shuffle_epi8(lut, _mm256_and_si256(r2, m4));
+            wu[3] = _mm256_shuffle_epi8(lut, _mm256_and_si256(r3, m4));
+            wu[4] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(r0, 4), m4));
+            wu[5] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(r1, 4), m4));
+            wu[6] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(r2, 4), m4));
+            wu[7] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(r3, 4), m4));
+            const __m256 col = _mm256_set_ps(
+                GGML_CPU_E8M0_TO_FP32_HALF(w[b].e[7]), GGML_CPU_E8M0_TO_FP32_HALF(w[b].e[3]),
+                GGML_CPU_E8M0_TO_FP32_HALF(w[b].e[6]), GGML_CPU_E8M0_TO_FP32_HALF(w[b].e[2]),
+                GGML_CPU_E8M0_TO_FP32_HALF(w[b].e[5]), GGML_CPU_E8M0_TO_FP32_HALF(w[b].e[1]),
+                GGML_CPU_E8M0_TO_FP32_HALF(w[b].e[4]), GGML_CPU_E8M0_TO_FP32_HALF(w[b].e[0]));
+            for (int r = 0; r < nr; ++r) {
+                const block_q8_0 * y = (const block_q8_0 *) vy[r] + b;
+                const int32_t * a = (const int32_t *) y->qs;
+                __m256i iacc = _mm256_set1_epi32(-sums[r * nb + b]);
+                for (int k = 0; k < 8; ++k) {
+                    int32_t a4;
+                    memcpy(&a4, a + k, sizeof(a4));
+                    iacc = sb_dot_u8s8(iacc, wu[k], _mm256_set1_epi32(a4));
+                }
+                const __m256 row = _mm256_set1_ps(GGML_CPU_FP16_TO_FP32(y->d));
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc), _mm256_mul_ps(col, row), acc[r]);
+            }
+        }
+        for (int r = 0; r < nr; ++r) {
+            _mm256_storeu_ps(s + r * bs + x * 8, _mm256_permutevar8x32_ps(acc[r], perm));
+        }
+    }
+}
+
+#define SB_MXFP4X8_NR(NR) \
+    static void sb_mxfp4x8_q8_0_##NR(int n, float * s, size_t bs, const void * vx, const void * const * vy, int nc) { \
+        sb_mxfp4x8_q8_0(n, s, bs, vx, vy, NR, nc); \
+    }
+SB_MXFP4X8_NR(1) SB_MXFP4X8_NR(2) SB_MXFP4X8_NR(3) SB_MXFP4X8_NR(4)
+SB_MXFP4X8_NR(5) SB_MXFP4X8_NR(6) SB_MXFP4X8_NR(7) SB_MXFP4X8_NR(8)
+
+static void sb_mxfp4x8_q8_0_nr(int n, float * s, size_t bs, const void * vx, const void * const * vy, int nr, int nc) {
+    switch (nr) {
+        case 1: sb_mxfp4x8_q8_0_1(n, s, bs, vx, vy, nc); break;
+        case 2: sb_mxfp4x8_q8_0_2(n, s, bs, vx, vy, nc); break;
+        case 3: sb_mxfp4x8_q8_0_3(n, s, bs, vx, vy, nc); break;
+        case 4: sb_mxfp4x8_q8_0_4(n, s, bs, vx, vy, nc); break;
+        case 5: sb_mxfp4x8_q8_0_5(n, s, bs, vx, vy, nc); break;
+        case 6: sb_mxfp4x8_q8_0_6(n, s, bs, vx, vy, nc); break;
+        case 7: sb_mxfp4x8_q8_0_7(n, s, bs, vx, vy, nc); break;
+        default: sb_mxfp4x8_q8_0_8(n, s, bs, vx, vy, nc); break;
+    }
+}
+#define SB_MXFP4X8 1
+
 GGML_SMALLBATCH_ROWS(sb_q8_0_q8_0, sb_q8_0_q8_0_nc)
 GGML_SMALLBATCH_ROWS(sb_q4_0_q8_0, sb_q4_0_q8_0_nc)
 GGML_SMALLBATCH_ROWS(sb_q5_0_q8_0, sb_q5_0_q8_0_nc)
@@ -192,3 +326,10 @@ ggml_smallbatch_dot_t ggml_smallbatch_q4_1(void) {
     return SB_LEGACY_KERNEL(sb_q4_1_q8_1_nc);
 }
 
+ggml_smallbatch_gemm_t ggml_smallbatch_mxfp4x8(void) {
+#ifdef SB_MXFP4X8
+    return sb_mxfp4x8_q8_0_nr;
+#else
+    return NULL;  // the repacked layout is an AVX2 one; without it repack.cpp's own path runs
+#endif
+}

@@ -158,6 +158,8 @@ ggml_smallbatch_dot_t ggml_smallbatch_q5_0(void);
 ggml_smallbatch_dot_t ggml_smallbatch_q4_1(void);
 // Q4_K repacked as block_q4_Kx8 (NULL: none for this instruction set)
 ggml_smallbatch_gemm_t ggml_smallbatch_q4_Kx8(void);
+// MXFP4 repacked as block_mxfp4x8, against Q8_0 rows (smallbatch-legacy.c; NULL: none)
+ggml_smallbatch_gemm_t ggml_smallbatch_mxfp4x8(void);
 
 // Q8_K quantization of k values (a multiple of QK_K), ggml-cpu's from_float for Q8_K: the result of
 // quantize_row_q8_K_ref bit for bit, eight values at a time where the build has AVX2 (smallbatch-q8_K.c).

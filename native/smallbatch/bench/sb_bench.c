@@ -51,6 +51,9 @@ void ggml_vec_dot_f16(int n, float * s, size_t bs, ggml_fp16_t * x, size_t bx, g
 
 // ggml-cpu's fp16 -> fp32 table (ggml-cpu.c fills it in ggml_cpu_init); the per-row kernels read it
 float ggml_table_f32_f16[1 << 16];
+float ggml_table_f32_e8m0_half[1 << 8];
+void quantize_row_mxfp4_ref(const float * x, block_mxfp4 * y, int64_t k);
+void ggml_gemv_mxfp4_8x8_q8_0(int n, float * s, size_t bs, const void * vx, const void * vy, int nr, int nc);
 float ggml_fp16_to_fp32(ggml_fp16_t x);
 
 typedef struct {  // block_q4_Kx8 (repack.h)
@@ -351,6 +354,79 @@ static void time_peak(void) {
     printf(" per instruction\n");
 }
 
+// The MXFP4 kernel (repacked eight rows at a time, smallbatch-legacy.c) against ggml_gemv_mxfp4_8x8_q8_0 for
+// every activation row: 1-8 rows a call, the results bit for bit; timed per row of 32 weights x 8 rows
+typedef struct {
+    uint8_t e[8];
+    uint8_t qs[QK_MXFP4 * 4];
+} bench_mxfp4x8;
+
+static int check_mxfp4(int timed) {
+    enum { N = 896, NB = N / 32, ROWS = 512, REPS = 21 };
+    const ggml_smallbatch_gemm_t kernel = ggml_smallbatch_mxfp4x8();
+    if (kernel == NULL) {
+        printf("check MXFP4: no kernel in this build\n");
+        return 0;
+    }
+    float * f = malloc(sizeof(float) * N);
+    block_mxfp4 * w = malloc(sizeof(block_mxfp4) * NB * ROWS);
+    for (int r = 0; r < ROWS; ++r) {
+        for (int i = 0; i < N; ++i) f[i] = frand() * (r % 5 == 0 ? 1e-3f : 0.05f);
+        quantize_row_mxfp4_ref(f, w + r * NB, N);
+    }
+    bench_mxfp4x8 * wx = malloc(sizeof(bench_mxfp4x8) * NB * (ROWS / 8));
+    for (int g = 0; g < ROWS / 8; ++g) {  // make_block_mxfp4x8 (repack.cpp): 8-byte chunks, row i % 8
+        for (int b = 0; b < NB; ++b) {
+            bench_mxfp4x8 * o = wx + g * NB + b;
+            for (int i = 0; i < 8; ++i) o->e[i] = w[(g * 8 + i) * NB + b].e;
+            for (int i = 0; i < 16; ++i) memcpy(o->qs + 8 * i, w[(g * 8 + i % 8) * NB + b].qs + 8 * (i / 8), 8);
+        }
+    }
+    block_q8_0 * act = malloc(sizeof(block_q8_0) * NB * GGML_SMALLBATCH_MAX_COLS);
+    const void * vy[GGML_SMALLBATCH_MAX_COLS];
+    for (int c = 0; c < GGML_SMALLBATCH_MAX_COLS; ++c) {
+        for (int i = 0; i < N; ++i) f[i] = frand() * (c == 2 ? 30.0f : 1.0f);
+        quantize_row_q8_0_ref(f, act + c * NB, N);
+        vy[c] = act + c * NB;
+    }
+    float * ref = malloc(sizeof(float) * ROWS * GGML_SMALLBATCH_MAX_COLS);
+    float * out = malloc(sizeof(float) * ROWS * GGML_SMALLBATCH_MAX_COLS);
+    for (int c = 0; c < GGML_SMALLBATCH_MAX_COLS; ++c) {
+        ggml_gemv_mxfp4_8x8_q8_0(N, ref + c * ROWS, ROWS, wx, vy[c], 1, ROWS);
+    }
+    int bad = 0;
+    for (int nr = 1; nr <= GGML_SMALLBATCH_MAX_COLS; ++nr) {
+        memset(out, 0xff, sizeof(float) * ROWS * GGML_SMALLBATCH_MAX_COLS);
+        kernel(N, out, ROWS, wx, vy, nr, ROWS);
+        int diff = 0;
+        for (int c = 0; c < nr; ++c) diff += memcmp(out + c * ROWS, ref + c * ROWS, sizeof(float) * ROWS) != 0;
+        printf("check MXFP4x8 nr=%d: %s\n", nr, diff ? "DIFFERS" : "bit-identical");
+        bad += diff;
+    }
+    if (timed) {
+        static const int ncs[] = {1, 2, 4, 8};
+        for (int k = 0; k < 4; ++k) {
+            const int nr = ncs[k];
+            double t[2][REPS];
+            for (int rep = 0; rep < REPS; ++rep) {
+                const double t0 = now_ns();
+                for (int c = 0; c < nr; ++c) ggml_gemv_mxfp4_8x8_q8_0(N, out + c * ROWS, ROWS, wx, vy[c], 1, ROWS);
+                const double t1 = now_ns();
+                kernel(N, out, ROWS, wx, vy, nr, ROWS);
+                const double t2 = now_ns();
+                const double units = (double) nr * NB * (ROWS / 8);
+                t[0][rep] = (t1 - t0) / units;
+                t[1][rep] = (t2 - t1) / units;
+            }
+            qsort(t[0], REPS, sizeof(double), cmp_double);
+            qsort(t[1], REPS, sizeof(double), cmp_double);
+            printf("time MXFP4x8 n=%d nr=%d  gemv per row %6.2f kernel %6.2f (x%.2f)\n", N, nr, t[0][0], t[1][0], t[0][0] / t[1][0]);
+        }
+    }
+    free(f); free(w); free(wx); free(act); free(ref); free(out);
+    return bad;
+}
+
 #ifdef SB_OLD_F16
 bool old_smallbatch_f16_chunk(const struct ggml_tensor * dst, const void * wdata, size_t row_size, bool src1_packed,
                               int64_t ir0_start, int64_t ir0_end, int64_t ir1_start, int64_t ir1_end);
@@ -406,9 +482,14 @@ int main(int argc, char ** argv) {
     for (int i = 0; i < (1 << 16); ++i) {
         ggml_table_f32_f16[i] = ggml_fp16_to_fp32((ggml_fp16_t) i);
     }
+    for (int i = 0; i < (1 << 8); ++i) {  // ggml_e8m0_to_fp32_half (ggml-impl.h), as ggml_cpu_init fills it
+        const uint32_t bits = i < 2 ? 0x00200000u << i : (uint32_t) (i - 1) << 23;
+        memcpy(&ggml_table_f32_e8m0_half[i], &bits, sizeof(float));
+    }
     const int nc_max = GGML_SMALLBATCH_MAX_COLS;
     failures += check_quantize_q8_K(!check_only);
     failures += check_legacy(!check_only);
+    failures += check_mxfp4(!check_only);
 
     for (int wi = 0; wi < WIDTHS; ++wi) {
         const int n = widths[wi];
