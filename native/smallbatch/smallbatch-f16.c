@@ -243,14 +243,14 @@ static inline __attribute__((always_inline)) void sb_f16_tiles(int n, const ggml
 
 // Long rows (F16 weights: a whole F16 model's mat-muls) with AVX2's 16 registers. At four accumulators a
 // result the tile above holds three results, and each src1 vector it loads (from L2 past a few rows) serves
-// one multiply: a pass over 16 rows of an F16 0.5B took 1.5x llamafile's time. But vec_dot_f16's four
-// accumulators are sums of their own (accumulator j: vector j of every step of 32 values), so they can be
-// taken one j at a time with one register a result: 4 src0 rows x 2 src1 rows, each loaded vector serving
-// two or four multiplies. The four passes go over blocks of 256 values (4 KB of the tile's values, in L1),
-// each accumulator kept between blocks; every accumulator adds its products in vec_dot's order and the four
-// are added as vec_dot adds them, (0 + 2) + (1 + 3): bit-identical. In cache (sb_bench, haswell flags, Zen 4)
-// 1.3-1.8x the tile above at 2-16 rows; 3 x 4, 3 x 3, 5 x 2 and 6 x 1 tiles and blocks of 512 or 1024 read
-// slower.
+// one multiply: a pass over 16 rows of an F16 0.5B took 1.5x llamafile's time (the haswell module on Zen 4,
+// docs/kernels.md). But vec_dot_f16's four accumulators are sums of their own (accumulator j: vector j of
+// every step of 32 values), so they can be taken one j at a time with one register a result: 4 src0 rows x
+// 2 src1 rows, each loaded vector serving two or four multiplies. The four passes go over blocks of 256
+// values (4 KB of the tile's values, in L1), each accumulator kept between blocks; every accumulator adds
+// its products in vec_dot's order and the four are added as vec_dot adds them, (0 + 2) + (1 + 3):
+// bit-identical. In cache (sb_bench, haswell flags, Zen 4) 1.3-1.8x the tile above at 2-16 rows; 3 x 4,
+// 3 x 3, 5 x 2 and 6 x 1 tiles and blocks of 512 or 1024 read slower.
 #define SB_F16_JROWS 4
 #define SB_F16_JCOLS 2
 #define SB_F16_JMIN 256     // shorter rows (attention's K x Q over a head's 64-128 values) keep the tile above
