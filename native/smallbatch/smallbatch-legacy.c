@@ -39,15 +39,16 @@
 #define SB_Q8_0_PREFETCH 8
 #define SB_Q4_1_PREFETCH 12
 
-// the eight int32 sums of |x| * (y with x's signs) over four neighbouring codes: vec_dot's
-// mul_sum_us8_pairs_float before its conversion
-static inline __m256i sb_sum_us8(const __m256i ax, const __m256i sy) {
+// acc + the eight int32 sums of unsigned u x signed v bytes over four neighbouring bytes (exact where no
+// pair of products exceeds an int16, as in every caller here). With acc 0 and u = |x|, v = y with x's
+// signs: vec_dot's mul_sum_us8_pairs_float before its conversion
+static inline __m256i sb_sum_us8(const __m256i acc, const __m256i u, const __m256i v) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy);
+    return _mm256_dpbusd_epi32(acc, u, v);
 #elif defined(__AVXVNNI__)
-    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), ax, sy);
+    return _mm256_dpbusd_avx_epi32(acc, u, v);
 #else
-    return _mm256_madd_epi16(_mm256_set1_epi16(1), _mm256_maddubs_epi16(ax, sy));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_set1_epi16(1), _mm256_maddubs_epi16(u, v)));
 #endif
 }
 
@@ -115,7 +116,7 @@ static inline __attribute__((always_inline)) void sb_qx_0_q8_0(const int type, i
             const block_q8_0 * y = (const block_q8_0 *) vy[c] + i;
             const __m256i sy = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *) y->qs), qx);
             const __m256 d = _mm256_set1_ps(xd * GGML_CPU_FP16_TO_FP32(y->d));
-            acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sb_sum_us8(ax, sy)), acc[c]);
+            acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sb_sum_us8(_mm256_setzero_si256(), ax, sy)), acc[c]);
         }
     }
     for (int c = 0; c < nc; ++c) {
@@ -158,7 +159,7 @@ static inline __attribute__((always_inline)) void sb_q4_1_q8_1(int n, float * s,
             summs[c] += xm * GGML_CPU_FP16_TO_FP32(y->s);
             const __m256 d = _mm256_mul_ps(_mm256_set1_ps(xd), _mm256_set1_ps(GGML_CPU_FP16_TO_FP32(y->d)));
             const __m256i qy = _mm256_loadu_si256((const __m256i *) y->qs);
-            acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sb_sum_us8(qx, qy)), acc[c]);
+            acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sb_sum_us8(_mm256_setzero_si256(), qx, qy)), acc[c]);
         }
     }
     for (int c = 0; c < nc; ++c) {
@@ -184,15 +185,6 @@ typedef struct {
 // Blocks of eight rows ahead that the weight stream is prefetched (4 x 136 bytes)
 #define SB_MXFP4X8_PREFETCH 4
 
-static inline __m256i sb_dot_u8s8(const __m256i acc, const __m256i u, const __m256i v) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return _mm256_dpbusd_epi32(acc, u, v);
-#elif defined(__AVXVNNI__)
-    return _mm256_dpbusd_avx_epi32(acc, u, v);
-#else
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_set1_epi16(1), _mm256_maddubs_epi16(u, v)));
-#endif
-}
 
 static inline __attribute__((always_inline)) void sb_mxfp4x8_q8_0(int n, float * s, size_t bs, const void * vx,
                                                                   const void * const * vy, const int nr, int nc) {
@@ -212,7 +204,7 @@ static inline __attribute__((always_inline)) void sb_mxfp4x8_q8_0(int n, float *
         const block_q8_0 * y = (const block_q8_0 *) vy[r];
         for (int b = 0; b < nb; ++b) {
             const __m256i v = _mm256_loadu_si256((const __m256i *) y[b].qs);
-            const __m256i p = _mm256_madd_epi16(_mm256_set1_epi16(1), _mm256_maddubs_epi16(_mm256_set1_epi8(1), v));
+            const __m256i p = sb_sum_us8(_mm256_setzero_si256(), _mm256_set1_epi8(1), v);
             __m128i t = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
             t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
             t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
@@ -266,7 +258,7 @@ static inline __attribute__((always_inline)) void sb_mxfp4x8_q8_0(int n, float *
                 for (int k = 0; k < 8; ++k) {
                     int32_t a4;
                     memcpy(&a4, a + k, sizeof(a4));
-                    iacc = sb_dot_u8s8(iacc, wu[k], _mm256_set1_epi32(a4));
+                    iacc = sb_sum_us8(iacc, wu[k], _mm256_set1_epi32(a4));
                 }
                 const __m256 row = _mm256_set1_ps(GGML_CPU_FP16_TO_FP32(y->d));
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc), _mm256_mul_ps(col, row), acc[r]);
