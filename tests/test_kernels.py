@@ -84,6 +84,31 @@ def _logits(path: Path, out: Path, kernels: str, extra_env: dict | None = None,
     return np.load(out), json.loads(res.stdout.strip().splitlines()[-1])
 
 
+def _model_path(name: str) -> Path | None:
+    """An installed model, or NAME:f16 / NAME:mxfp4, a copy of bundled NAME in that format, made as a user makes
+    one and cached outside the tree: F16 by llama.cpp's own quantizer (a target whose weights, not only its
+    attention, go through the F16 kernel), MXFP4 by the quant tool's real GGUF MXFP4 tensors (llama.cpp repacks
+    them eight rows at a time, and the small-batch MXFP4 kernel takes those)."""
+    from edgespec.apps.quant.convert import convert
+    from edgespec.models import resolve_local
+    from edgespec.models.bundled import bundled_path
+    from edgespec.models.derive import DERIVED_DIR, requantize
+
+    model, _, to = name.partition(":")
+    if not to:
+        return resolve_local(name)
+    src = bundled_path(model)
+    base, _, quant = src.stem.rpartition(".")
+    dst = DERIVED_DIR / f"{base}.{to.upper()}-from-{quant}.gguf"
+    if not dst.is_file():
+        if to == "mxfp4":
+            DERIVED_DIR.mkdir(parents=True, exist_ok=True)
+            convert(src, dst, "mxfp4", progress=False)
+        else:
+            requantize(src, dst, to)
+    return dst
+
+
 @needs_kernels
 @pytest.mark.parametrize("name", ["gemma3-270m", "smollm2-135m:mxfp4",
                                   pytest.param("qwen2.5-coder-1.5b", marks=pytest.mark.slow)])
@@ -97,9 +122,7 @@ def test_small_batch_logits_match_the_unpatched_module(name, tmp_path):
     Q4_K_M holds Q6_K and Q4_K tensors; the real 1.5B target, when installed, 354 MB of Q6_K and
     757 MB of Q4_K. An MXFP4 copy of SmolLM2 runs ggml's repacked MXFP4 gemv for 1-3 rows and the 4-row gemm
     past that, where the small-batch module runs its MXFP4 kernel."""
-    from edgespec.models import resolve_local
-
-    path = _mxfp4_copy(name.split(":")[0]) if name.endswith(":mxfp4") else resolve_local(name)
+    path = _model_path(name)
     if path is None:
         pytest.skip(f"{name} is not installed")
     # attention as the unpatched module sums it (F16 kernel off): the quantized kernels alone compared
@@ -119,34 +142,6 @@ def test_small_batch_logits_match_the_unpatched_module(name, tmp_path):
             assert moved < PROB_TOLERANCE, f"K={k}: a token's probability moved by {moved}"
 
 
-def _mxfp4_copy(name: str) -> Path:
-    """An MXFP4 copy of a bundled model (the quant tool's real GGUF MXFP4 tensors; cached outside the tree):
-    llama.cpp repacks them eight rows at a time, and the small-batch MXFP4 kernel takes those."""
-    from edgespec.apps.quant.convert import convert
-    from edgespec.models.bundled import bundled_path
-    from edgespec.models.derive import DERIVED_DIR
-
-    src = bundled_path(name)
-    base, _, quant = src.stem.rpartition(".")
-    dst = DERIVED_DIR / f"{base}.MXFP4-from-{quant}.gguf"
-    if not dst.is_file():
-        DERIVED_DIR.mkdir(parents=True, exist_ok=True)
-        convert(src, dst, "mxfp4", progress=False)
-    return dst
-
-
-def _f16_copy(name: str) -> Path:
-    """An F16 copy of a bundled model (llama.cpp's own quantizer; cached outside the tree): a target whose
-    weights, not only its attention, go through the F16 kernel."""
-    from edgespec.models.bundled import bundled_path
-    from edgespec.models.derive import DERIVED_DIR, requantize
-
-    src = bundled_path(name)
-    base, _, quant = src.stem.rpartition(".")
-    dst = DERIVED_DIR / f"{base}.F16-from-{quant}.gguf"
-    return dst if dst.is_file() else requantize(src, dst, "f16")
-
-
 @needs_kernels
 @pytest.mark.parametrize("name", ["gemma3-270m", "smollm2-135m", "smollm2-135m:f16",
                                   pytest.param("qwen2.5-coder-1.5b", marks=pytest.mark.slow)])
@@ -156,9 +151,7 @@ def test_a_verification_pass_gives_each_token_its_logits_decoded_alone(name, tmp
     row, the logits of decoding them one at a time, bit for bit (the unpatched module's sgemm attention
     moves them by up to 0.5-1.3). So greedy speculation verifies against plain decoding's own logits.
     An F16 target (SmolLM2 converted) runs its weights through the F16 kernel as well."""
-    from edgespec.models import resolve_local
-
-    path = _f16_copy(name.split(":")[0]) if name.endswith(":f16") else resolve_local(name)
+    path = _model_path(name)
     if path is None:
         pytest.skip(f"{name} is not installed")
     got, info = _logits(path, tmp_path / "smallbatch.npy", "smallbatch")
