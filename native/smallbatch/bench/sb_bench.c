@@ -493,8 +493,9 @@ int main(int argc, char ** argv) {
     for (int wi = 0; wi < WIDTHS; ++wi) {
         const int n = widths[wi];
         const int nb = n / QK_K;
-        // weight rows: ~1-2 MB per matrix, about what one thread streams of a real layer
-        const int nrows = n == 1536 ? 1024 : 256;
+        // weight rows: ~1-2 MB per matrix, about what one thread streams of a real layer; SB_NROWS (a
+        // multiple of 8, at least 24) for others, e.g. 64 to time the kernels with the weights in L2
+        const int nrows = getenv("SB_NROWS") ? atoi(getenv("SB_NROWS")) : (n == 1536 ? 1024 : 256);
         float * f = malloc(sizeof(float) * n);
 
         block_q8_K * act = malloc(sizeof(block_q8_K) * nb * nc_max);
