@@ -7,12 +7,12 @@ reported in one line and its variant is recorded as crashed for this CPU in the 
 so the app never picks it; the next variant is tried. The same is done for the exact-mode kernels.
 
 The small-batch kernel modules (native/smallbatch, built by the set-up for the variant fast mode
-runs) are checked against the unpatched module on the bundled Gemma-3-270M (Q6_K and repacked Q4_K
-tensors): batches of 1, 2 and 3 rows must give the logits the unpatched module gives those tokens
+runs) are checked against the unpatched module on the bundled Gemma-3-270M (Q6_K, repacked Q4_K, Q8_0
+and Q5_0 tensors) and SmolLM2-135M (Q4_1, Q8_0): on each, batches of 1, 2 and 3 rows must give the logits the unpatched module gives those tokens
 decoded one at a time, bit for bit (where the module has its F16 attention kernel, `kernel_f16`; without
 it, the unpatched module's own 2- and 3-row logits), and so must each token decoded alone; batches of 4 and 6, where it
 runs the 4-row Q4_K kernel (its float sums ordered differently), and of 40 (a prompt's worth, past
-the 32 rows of a verification: the AVX2 build takes those too), probabilities within 0.15 (a
+the 32 rows of a verification: the repacked Q4_K path takes those too), probabilities within 0.15 (a
 wrong kernel moves them far more; summation order moves them by hundredths, and can swap a
 near-tie's top token, so that is not asked).
 A module that crashes or fails either is recorded as rejected for this CPU, and the unpatched one
@@ -188,12 +188,45 @@ def softmax(logits):
     return e / e.sum(axis=1, keepdims=True)
 
 
-def prove_kernels(directory: Path, manifest: dict, sig: str) -> bool:
-    """Does the small-batch build of fast mode's variant run here and give the unpatched module's
-    logits bit for bit? Records the variant as rejected for this CPU when not."""
+# the bundled models the small-batch modules are proved on, and the kernels each brings in: Gemma the
+# Q6_K, repacked Q4_K, Q8_0 and Q5_0 ones, SmolLM2 the Q4_1 one (both: attention's F16 kernel)
+KERNEL_MODELS = ("gemma3-270m", "smollm2-135m")
+
+
+def _compare_kernels(model: str, env: dict[str, str]) -> str | None:
+    """Decode the check's batches on `model` with the small-batch module and with the unpatched one; why
+    they disagree, or None."""
     import tempfile
 
     import numpy as np
+
+    with tempfile.TemporaryDirectory() as tmp:
+        got, ref = Path(tmp) / "smallbatch.npy", Path(tmp) / "stock.npy"
+        rc, tail = _run_child("fast", model, env, str(got))
+        if rc != 0:
+            return _death(rc) + (f": {tail}" if tail and rc > 0 else "")
+        if (info := json.loads(tail)).get("kernels") != "smallbatch":
+            return "the child did not load them"
+        rc, tail = _run_child("fast", model, {**env, "EDGESPEC_KERNELS": "stock"}, str(ref))
+        if rc != 0:
+            return f"the unpatched module failed beside them ({_death(rc)})"
+        a, b = np.load(got), np.load(ref)
+    n = sum(BATCHES)
+    # with their F16 kernel (attention) a batch's rows get the logits of decoding its tokens one
+    # at a time; without it (no AVX2) llamafile's sgemm sums attention as the unpatched module does
+    want = b[n:] if info.get("kernel_f16") else b[:PER_ROW]
+    diff = max(float(np.max(np.abs(a[:PER_ROW] - want))), float(np.max(np.abs(a[n:] - b[n:]))))
+    if diff != 0.0:
+        return f"their logits differ from the per-row kernels' by up to {diff:.3g}"
+    if (moved := float(np.max(np.abs(softmax(a[PER_ROW:n]) - softmax(b[PER_ROW:n]))))) > PROB_TOLERANCE:
+        return f"a token's probability differs from the unpatched module's by {moved:.2f}"
+    return None
+
+
+def prove_kernels(directory: Path, manifest: dict, sig: str) -> bool:
+    """Does the small-batch build of fast mode's variant run here and give the unpatched module's
+    logits bit for bit? Records the variant as rejected for this CPU when not."""
+
 
     from edgespec.models import bundled_path
 
@@ -204,31 +237,11 @@ def prove_kernels(directory: Path, manifest: dict, sig: str) -> bool:
         _say(f"no small-batch kernels for this CPU's {variant or 'unknown'} variant in {directory}; "
              "the unpatched kernels run")
         return False
-    model = str(bundled_path("gemma3-270m"))
     env = {"EDGESPEC_CPU_VARIANT": variant, "EDGESPEC_KERNEL_MODULES": str(directory)}
-    with tempfile.TemporaryDirectory() as tmp:
-        got, ref = Path(tmp) / "smallbatch.npy", Path(tmp) / "stock.npy"
-        rc, tail = _run_child("fast", model, env, str(got))
-        why = None
-        if rc != 0:
-            why = _death(rc) + (f": {tail}" if tail and rc > 0 else "")
-        elif (info := json.loads(tail)).get("kernels") != "smallbatch":
-            why = "the child did not load them"
-        else:
-            rc, tail = _run_child("fast", model, {**env, "EDGESPEC_KERNELS": "stock"}, str(ref))
-            if rc != 0:
-                why = f"the unpatched module failed beside them ({_death(rc)})"
-            else:
-                a, b = np.load(got), np.load(ref)
-                n = sum(BATCHES)
-                # with their F16 kernel (attention) a batch's rows get the logits of decoding its tokens one
-                # at a time; without it (no AVX2) llamafile's sgemm sums attention as the unpatched module does
-                want = b[n:] if info.get("kernel_f16") else b[:PER_ROW]
-                diff = max(float(np.max(np.abs(a[:PER_ROW] - want))), float(np.max(np.abs(a[n:] - b[n:]))))
-                if diff != 0.0:
-                    why = f"their logits differ from the per-row kernels' by up to {diff:.3g}"
-                elif (moved := float(np.max(np.abs(softmax(a[PER_ROW:n]) - softmax(b[PER_ROW:n]))))) > PROB_TOLERANCE:
-                    why = f"a token's probability differs from the unpatched module's by {moved:.2f}"
+    for name in KERNEL_MODELS:
+        if (why := _compare_kernels(str(bundled_path(name)), env)) is not None:
+            why = f"{name}: {why}"
+            break
     if why is not None:
         entry["crashed"] = [variant]
         _say(f"the small-batch {variant} kernels are not used on this CPU ({why}); the unpatched kernels run")
