@@ -29,10 +29,16 @@ extern "C" {
 // tiled and 4-row kernels made a pass over 17 rows cost far more than one over 16 (docs/kernels.md)
 #define GGML_SMALLBATCH_MAX_BATCH 32
 #define GGML_SMALLBATCH_MAX_WROWS 4   // weight rows one per-row-layout kernel call takes
-// activation rows the repacked-Q4_K path takes (repack.patch): every batch, prompts included. Per activation
-// row its kernels ran 2.3-2.5x faster than ggml's 4-row gemm on an AVX2 Zen 3, and passes over 33-512 rows
-// of the real 1.5B took 0.66-0.73x the time with them on an AVX-512 Zen 4 (docs/kernels.md).
+// activation rows the repacked-Q4_K path takes (repack.patch): every batch, prompts included, where its
+// kernels were measured faster than ggml's 4-row gemm (docs/kernels.md): per activation row 2.3-2.5x on an
+// AVX2 Zen 3; passes over 33-512 rows of the real 1.5B in 0.66-0.75x the time on an AVX-512 VNNI Zen 4.
+// AVX-512 without VNNI (the skylakex module) runs the 256-bit kernel without VNNI against ggml's 512-bit
+// gemm: unmeasured, so prompts stay with ggml there.
+#if defined(__AVX512F__) && !defined(__AVX512VNNI__)
+#define GGML_SMALLBATCH_Q4_K_MAX_BATCH GGML_SMALLBATCH_MAX_BATCH
+#else
 #define GGML_SMALLBATCH_Q4_K_MAX_BATCH INT64_MAX
+#endif
 
 // Activation rows a kernel call takes when `left` (>= 1) remain: all of them up to MAX_COLS, past that calls
 // of as even a size as can be (12 rows: two calls of 6, not 8 and 4; 17: 6, 6 and 5). Each call unpacks
