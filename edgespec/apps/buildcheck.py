@@ -8,10 +8,11 @@ so the app never picks it; the next variant is tried. The same is done for the e
 
 The small-batch kernel modules (native/smallbatch, built by the set-up for the variant fast mode
 runs) are checked against the unpatched module on the bundled Gemma-3-270M (Q6_K, repacked Q4_K, Q8_0
-and Q5_0 tensors) and SmolLM2-135M (Q4_1, Q8_0): on each, batches of 1, 2 and 3 rows must give the logits the unpatched module gives those tokens
-decoded one at a time, bit for bit (where the module has its F16 attention kernel, `kernel_f16`; without
-it, the unpatched module's own 2- and 3-row logits), and so must each token decoded alone; batches of 4 and 6, where it
-runs the 4-row Q4_K kernel (its float sums ordered differently), and of 40 (a prompt's worth, past
+and Q5_0 tensors) and SmolLM2-135M (Q4_1, Q8_0): on each, batches of 1, 2 and 3 rows must give the
+logits the unpatched module gives those tokens decoded one at a time, bit for bit (where the module has
+its F16 attention kernel, `kernel_f16`; without it, the unpatched module's own 2- and 3-row logits), and
+so must each token decoded alone; batches of 4 and 6, where the unpatched module runs the 4-row Q4_K
+kernel (its float sums ordered differently), and of 40 (a prompt's worth, past
 the 32 rows of a verification: the repacked Q4_K path takes those too), probabilities within 0.15 (a
 wrong kernel moves them far more; summation order moves them by hundredths, and can swap a
 near-tie's top token, so that is not asked).
@@ -226,8 +227,6 @@ def _compare_kernels(model: str, env: dict[str, str]) -> str | None:
 def prove_kernels(directory: Path, manifest: dict, sig: str) -> bool:
     """Does the small-batch build of fast mode's variant run here and give the unpatched module's
     logits bit for bit? Records the variant as rejected for this CPU when not."""
-
-
     from edgespec.models import bundled_path
 
     entry = manifest.setdefault("checked", {}).setdefault(sig, {}).setdefault("kernels", {})
