@@ -124,6 +124,73 @@ static inline __attribute__((always_inline)) void sb_qx_0_q8_0(const int type, i
     }
 }
 
+#ifdef GGML_SMALLBATCH_HAS_VNNI
+// The same sums from activation rows prepared once per call (ggml_smallbatch_q8_0_prepare): vec_dot's
+// |x| against y with x's signs costs a sign instruction per activation row and block, and its d a
+// conversion and a product. Here x + 128 (unsigned; x ^ 0x80) goes against y with one dpbusd that starts
+// each lane at -128 x the sum of its four y (prepared): sum (x + 128) y - 128 sum y = sum x y, exactly
+// vec_dot's lane (y is never -128 in Q8_0, where |x| against -y would wrap). d is the prepared float
+// times x's, the product vec_dot forms. Same integers, same float steps: bit for bit.
+typedef struct {
+    int8_t  qs[QK8_0];
+    int32_t init[8];  // -128 x the sum of y over each lane's four codes
+} sb_q8_0_prepared;   // 64 bytes; a prepared row is n/32 of them, then n/32 floats (d)
+
+size_t ggml_smallbatch_q8_0_prepared_size(int n) {
+    return (size_t) (n / QK8_0) * (sizeof(sb_q8_0_prepared) + sizeof(float));
+}
+
+void ggml_smallbatch_q8_0_prepare(int n, const void * vy, void * out) {
+    const int nb = n / QK8_0;
+    const block_q8_0 * y = (const block_q8_0 *) vy;
+    sb_q8_0_prepared * p = (sb_q8_0_prepared *) out;
+    float * d = (float *) (p + nb);
+    const __m256i m128 = _mm256_set1_epi8((char) 0x80);
+    for (int i = 0; i < nb; ++i) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *) y[i].qs);
+        _mm256_storeu_si256((__m256i *) p[i].qs, q);
+        _mm256_storeu_si256((__m256i *) p[i].init, _mm256_sub_epi32(_mm256_setzero_si256(), sb_sum_us8(_mm256_setzero_si256(), m128, q)));
+        d[i] = GGML_CPU_FP16_TO_FP32(y[i].d);
+    }
+}
+
+static inline __attribute__((always_inline)) void sb_qx_0_prepared(const int type, int n, float * s, const void * vx,
+                                                                   const void * const * vy, const int nc) {
+    const int nb = n / QK8_0;
+    const __m256i m128 = _mm256_set1_epi8((char) 0x80);
+
+    __m256 acc[GGML_SMALLBATCH_MAX_COLS];
+    for (int c = 0; c < nc; ++c) {
+        acc[c] = _mm256_setzero_ps();
+    }
+    for (int i = 0; i < nb; ++i) {
+        _mm_prefetch((const char *) vx + (i + SB_Q8_0_PREFETCH) * sb_block_size(type), _MM_HINT_T0);
+        float xd;
+        const __m256i ux = _mm256_xor_si256(sb_signed_codes(type, vx, i, &xd), m128);
+        const __m256  xd8 = _mm256_set1_ps(xd);
+        for (int c = 0; c < nc; ++c) {
+            const sb_q8_0_prepared * y = (const sb_q8_0_prepared *) vy[c] + i;
+            const float * yd = (const float *) ((const sb_q8_0_prepared *) vy[c] + nb) + i;
+            const __m256i isum = sb_sum_us8(_mm256_loadu_si256((const __m256i *) y->init), ux,
+                                            _mm256_loadu_si256((const __m256i *) y->qs));
+            const __m256 d = _mm256_mul_ps(xd8, _mm256_broadcast_ss(yd));
+            acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc[c]);
+        }
+    }
+    for (int c = 0; c < nc; ++c) {
+        s[c] = ggml_smallbatch_hsum_float_8(acc[c]);
+    }
+}
+#define SB_QX_0_PREPARED(NAME, TYPE) \
+    static inline __attribute__((always_inline)) void NAME(int n, float * s, const void * vx, const void * const * vy, \
+                                                           const int nc) { \
+        sb_qx_0_prepared(TYPE, n, s, vx, vy, nc); \
+    }
+SB_QX_0_PREPARED(sb_q8_0_prep, SB_Q8_0)
+SB_QX_0_PREPARED(sb_q4_0_prep, SB_Q4_0)
+SB_QX_0_PREPARED(sb_q5_0_prep, SB_Q5_0)
+#endif
+
 #define SB_QX_0(NAME, TYPE) \
     static inline __attribute__((always_inline)) void NAME(int n, float * s, const void * vx, const void * const * vy, \
                                                            const int nc) { \
@@ -295,6 +362,12 @@ GGML_SMALLBATCH_ROWS(sb_q8_0_q8_0, sb_q8_0_q8_0_nc)
 GGML_SMALLBATCH_ROWS(sb_q4_0_q8_0, sb_q4_0_q8_0_nc)
 GGML_SMALLBATCH_ROWS(sb_q5_0_q8_0, sb_q5_0_q8_0_nc)
 GGML_SMALLBATCH_ROWS(sb_q4_1_q8_1, sb_q4_1_q8_1_nc)
+#ifdef GGML_SMALLBATCH_HAS_VNNI
+GGML_SMALLBATCH_ROWS(sb_q8_0_prep, sb_q8_0_prep_nc)
+GGML_SMALLBATCH_ROWS(sb_q4_0_prep, sb_q4_0_prep_nc)
+GGML_SMALLBATCH_ROWS(sb_q5_0_prep, sb_q5_0_prep_nc)
+#define SB_PREPARED 1
+#endif
 
 // The kernels where this instruction set has them; NULL: the per-row kernels are the only ones
 #define SB_LEGACY_KERNEL(NAME) NAME
@@ -317,6 +390,33 @@ ggml_smallbatch_dot_t ggml_smallbatch_q5_0(void) {
 ggml_smallbatch_dot_t ggml_smallbatch_q4_1(void) {
     return SB_LEGACY_KERNEL(sb_q4_1_q8_1_nc);
 }
+
+ggml_smallbatch_dot_t ggml_smallbatch_prepared_kernel(enum ggml_type type) {
+#ifdef SB_PREPARED
+    switch (type) {
+        case GGML_TYPE_Q8_0: return sb_q8_0_prep_nc;
+        case GGML_TYPE_Q4_0: return sb_q4_0_prep_nc;
+        case GGML_TYPE_Q5_0: return sb_q5_0_prep_nc;
+        default:             return NULL;
+    }
+#else
+    (void) type;
+    return NULL;
+#endif
+}
+
+#ifndef SB_PREPARED  // no prepared kernels in this build: nothing is ever prepared
+size_t ggml_smallbatch_q8_0_prepared_size(int n) {
+    (void) n;
+    return 0;
+}
+
+void ggml_smallbatch_q8_0_prepare(int n, const void * vy, void * out) {
+    (void) n;
+    (void) vy;
+    (void) out;
+}
+#endif
 
 ggml_smallbatch_gemm_t ggml_smallbatch_mxfp4x8(void) {
 #ifdef SB_MXFP4X8

@@ -164,6 +164,10 @@ int64_t ggml_smallbatch_columns(const struct ggml_tensor * dst, const void * wda
     return c;
 }
 
+// Activation rows from which a Q8_0, Q4_0 or Q5_0 call takes prepared rows: in cache 1.19x at 4 rows and
+// 1.11x at 8, 1.01x at 2 (docs/kernels.md)
+#define SB_PREPARED_MIN 3
+
 bool ggml_smallbatch_mul_mat_chunk(const struct ggml_tensor * dst, const void * wdata, size_t row_size,
                                    bool src1_packed, int64_t ir0_start, int64_t ir0_end,
                                    int64_t ir1_start, int64_t ir1_end) {
@@ -188,16 +192,43 @@ bool ggml_smallbatch_mul_mat_chunk(const struct ggml_tensor * dst, const void * 
     float *      d[GGML_SMALLBATCH_MAX_COLS];
     float        s[GGML_SMALLBATCH_MAX_WROWS * GGML_SMALLBATCH_MAX_COLS];
 
+    // Q8_0, Q4_0 and Q5_0 from SB_PREPARED_MIN rows: the activation rows prepared once per call for the
+    // chunk's weight rows, in a buffer per thread (grown as needed, kept for the next call)
+    const ggml_smallbatch_dot_t prepared = ggml_smallbatch_prepared_kernel(src0->type);
+    static __thread char * pbuf = NULL;
+    static __thread size_t pcap = 0;
+    const size_t prow = prepared != NULL ? ggml_smallbatch_q8_0_prepared_size((int) ne00) : 0;
+    const void * yp[GGML_SMALLBATCH_MAX_COLS];
+
     for (int64_t c0 = ir1_start; c0 < ir1_end;) {
         const char *  src0_mat;
         const int64_t c  = ggml_smallbatch_columns(dst, wdata, row_size, src1_packed, c0, ir1_end,
                                                    ggml_smallbatch_call_rows(ir1_end - c0), y, d, &src0_mat);
         const int     nc = (int) (c - c0);
+        ggml_smallbatch_dot_t call = dot;
+        const void ** rows = y;
+        if (prepared != NULL && nc >= SB_PREPARED_MIN) {
+            if (pcap < GGML_SMALLBATCH_MAX_COLS * prow) {
+                char * grown = NULL;
+                if (posix_memalign((void **) &grown, 64, GGML_SMALLBATCH_MAX_COLS * prow) != 0) {
+                    GGML_ABORT("small-batch kernels: out of memory for %zu bytes", GGML_SMALLBATCH_MAX_COLS * prow);
+                }
+                free(pbuf);
+                pbuf = grown;
+                pcap = GGML_SMALLBATCH_MAX_COLS * prow;
+            }
+            for (int j = 0; j < nc; ++j) {
+                ggml_smallbatch_q8_0_prepare((int) ne00, y[j], pbuf + j * prow);
+                yp[j] = pbuf + j * prow;
+            }
+            call = prepared;
+            rows = yp;
+        }
         // up to MAX_WROWS weight rows a call: a kernel may share activation loads between them (the
         // Q6_K one runs them one after another: sharing spilled registers and was slower on Zen 4)
         for (int64_t ir0 = ir0_start; ir0 < ir0_end; ir0 += GGML_SMALLBATCH_MAX_WROWS) {
             const int nw = (int) MIN(GGML_SMALLBATCH_MAX_WROWS, ir0_end - ir0);
-            dot((int) ne00, s, GGML_SMALLBATCH_MAX_COLS, src0_mat + ir0 * nb01, nb01, nw, y, nc);
+            call((int) ne00, s, GGML_SMALLBATCH_MAX_COLS, src0_mat + ir0 * nb01, nb01, nw, rows, nc);
             for (int w = 0; w < nw; ++w) {
                 for (int j = 0; j < nc; ++j) {
                     d[j][ir0 + w] = s[w * GGML_SMALLBATCH_MAX_COLS + j];

@@ -158,6 +158,12 @@ ggml_smallbatch_dot_t ggml_smallbatch_q8_0(void);  // smallbatch-legacy.c
 ggml_smallbatch_dot_t ggml_smallbatch_q4_0(void);
 ggml_smallbatch_dot_t ggml_smallbatch_q5_0(void);
 ggml_smallbatch_dot_t ggml_smallbatch_q4_1(void);
+// Q8_0, Q4_0 and Q5_0 weights against activation rows prepared once per call (smallbatch-legacy.c): the
+// kernel for `type` (NULL: none in this build; the kernel above takes the rows as they are), the prepared
+// row's size for n values, and its preparation from a Q8_0 row. Results bit for bit as the kernel above.
+ggml_smallbatch_dot_t ggml_smallbatch_prepared_kernel(enum ggml_type type);
+size_t ggml_smallbatch_q8_0_prepared_size(int n);
+void ggml_smallbatch_q8_0_prepare(int n, const void * vy, void * out);
 // Q4_K repacked as block_q4_Kx8 (NULL: none for this instruction set)
 ggml_smallbatch_gemm_t ggml_smallbatch_q4_Kx8(void);
 // MXFP4 repacked as block_mxfp4x8, against Q8_0 rows (smallbatch-legacy.c; NULL: none)

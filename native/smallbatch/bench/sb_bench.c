@@ -189,11 +189,12 @@ static int check_legacy(int timed) {
         void (*acts)(const float *, void *, int64_t);
         vec_dot_t ref;
         ggml_smallbatch_dot_t (*kernel)(void);
+        enum ggml_type type;
     } types[TYPES] = {
-        {"Q8_0", sizeof(block_q8_0), sizeof(block_q8_0), q8_0_weights, q8_0_acts, ggml_vec_dot_q8_0_q8_0, ggml_smallbatch_q8_0},
-        {"Q4_0", sizeof(block_q4_0), sizeof(block_q8_0), q4_0_weights, q8_0_acts, ggml_vec_dot_q4_0_q8_0, ggml_smallbatch_q4_0},
-        {"Q5_0", sizeof(block_q5_0), sizeof(block_q8_0), q5_0_weights, q8_0_acts, ggml_vec_dot_q5_0_q8_0, ggml_smallbatch_q5_0},
-        {"Q4_1", sizeof(block_q4_1), sizeof(block_q8_1), q4_1_weights, q8_1_acts, ggml_vec_dot_q4_1_q8_1, ggml_smallbatch_q4_1},
+        {"Q8_0", sizeof(block_q8_0), sizeof(block_q8_0), q8_0_weights, q8_0_acts, ggml_vec_dot_q8_0_q8_0, ggml_smallbatch_q8_0, GGML_TYPE_Q8_0},
+        {"Q4_0", sizeof(block_q4_0), sizeof(block_q8_0), q4_0_weights, q8_0_acts, ggml_vec_dot_q4_0_q8_0, ggml_smallbatch_q4_0, GGML_TYPE_Q4_0},
+        {"Q5_0", sizeof(block_q5_0), sizeof(block_q8_0), q5_0_weights, q8_0_acts, ggml_vec_dot_q5_0_q8_0, ggml_smallbatch_q5_0, GGML_TYPE_Q5_0},
+        {"Q4_1", sizeof(block_q4_1), sizeof(block_q8_1), q4_1_weights, q8_1_acts, ggml_vec_dot_q4_1_q8_1, ggml_smallbatch_q4_1, GGML_TYPE_Q4_1},
     };
     int bad_total = 0;
     float * f = malloc(sizeof(float) * N);
@@ -230,6 +231,52 @@ static int check_legacy(int timed) {
         }
         printf("check n=%d nc=1-8 nw=1-4: %s %s\n", N, types[t].name, bad ? "DIFFERS" : "bit-identical");
         bad_total += bad;
+        // the kernel on activation rows prepared once per call (ggml_smallbatch_prepared_kernel), where the build has it
+        const ggml_smallbatch_dot_t pdot = ggml_smallbatch_prepared_kernel(types[t].type);
+        const size_t prow = ggml_smallbatch_q8_0_prepared_size(N);
+        char * pa = pdot != NULL ? malloc(prow * GGML_SMALLBATCH_MAX_COLS) : NULL;
+        const void * pvy[GGML_SMALLBATCH_MAX_COLS];
+        for (int c = 0; pdot != NULL && c < GGML_SMALLBATCH_MAX_COLS; ++c) {
+            ggml_smallbatch_q8_0_prepare(N, vy[c], pa + c * prow);
+            pvy[c] = pa + c * prow;
+        }
+        int pbad = 0;
+        for (int nc = 1; pdot != NULL && nc <= GGML_SMALLBATCH_MAX_COLS; ++nc) {
+            for (int nw = 1; nw <= GGML_SMALLBATCH_MAX_WROWS; ++nw) {
+                for (int r0 = 0; r0 + nw <= ROWS; r0 += 61) {
+                    pdot(N, out, GGML_SMALLBATCH_MAX_COLS, w + r0 * row, row, nw, pvy, nc);
+                    for (int k = 0; k < nw; ++k) {
+                        for (int c = 0; c < nc; ++c) {
+                            ref_dot(N, ref + c, 0, w + (r0 + k) * row, 0, vy[c], 0, 1);
+                            pbad += memcmp(&ref[c], &out[k * GGML_SMALLBATCH_MAX_COLS + c], sizeof(float)) != 0;
+                        }
+                    }
+                }
+            }
+        }
+        if (pdot != NULL) {
+            printf("check n=%d nc=1-8 nw=1-4: %s prepared %s\n", N, types[t].name, pbad ? "DIFFERS" : "bit-identical");
+        }
+        bad_total += pbad;
+        for (int nc = 1; timed && pdot != NULL && nc <= GGML_SMALLBATCH_MAX_COLS; nc += nc < 4 ? 1 : 4) {
+            double best_old = 1e30, best_new = 1e30;
+            for (int rep = 0; rep < REPS; ++rep) {
+                double t0 = now_ns();
+                for (int r = 0; r < ROWS; r += GGML_SMALLBATCH_MAX_WROWS)
+                    dot(N, out, GGML_SMALLBATCH_MAX_COLS, w + r * row, row, GGML_SMALLBATCH_MAX_WROWS, vy, nc);
+                double t1 = now_ns();
+                for (int c = 0; c < nc; ++c) ggml_smallbatch_q8_0_prepare(N, vy[c], pa + c * prow);  // once per call
+                for (int r = 0; r < ROWS; r += GGML_SMALLBATCH_MAX_WROWS)
+                    pdot(N, out, GGML_SMALLBATCH_MAX_COLS, w + r * row, row, GGML_SMALLBATCH_MAX_WROWS, pvy, nc);
+                double t2 = now_ns();
+                best_old = t1 - t0 < best_old ? t1 - t0 : best_old;
+                best_new = t2 - t1 < best_new ? t2 - t1 : best_new;
+            }
+            const double units = (double) ROWS * NB * nc;
+            printf("time n=%d nc=%d  %s kernel %6.3f prepared (preparing included, %d weight rows) %6.3f (x%.2f)\n", N, nc,
+                   types[t].name, best_old / units, ROWS, best_new / units, best_old / best_new);
+        }
+        free(pa);
         for (int nc = 1; timed && nc <= GGML_SMALLBATCH_MAX_COLS; nc *= 2) {
             double best_ref = 1e30, best_new = 1e30;
             for (int rep = 0; rep < REPS; ++rep) {
