@@ -166,7 +166,7 @@ int64_t ggml_smallbatch_columns(const struct ggml_tensor * dst, const void * wda
 
 // Activation rows from which a Q8_0, Q4_0 or Q5_0 call takes prepared rows: in cache 1.19x at 4 rows and
 // 1.11x at 8, 1.01x at 2 (docs/kernels.md)
-#define SB_PREPARED_MIN 3
+#define SB_PREPARED_MIN 5
 
 bool ggml_smallbatch_mul_mat_chunk(const struct ggml_tensor * dst, const void * wdata, size_t row_size,
                                    bool src1_packed, int64_t ir0_start, int64_t ir0_end,
