@@ -164,8 +164,9 @@ int64_t ggml_smallbatch_columns(const struct ggml_tensor * dst, const void * wda
     return c;
 }
 
-// Activation rows from which a Q8_0, Q4_0 or Q5_0 call takes prepared rows: in cache 1.19x at 4 rows and
-// 1.11x at 8, 1.01x at 2 (docs/kernels.md)
+// Activation rows from which a Q8_0, Q4_0 or Q5_0 call takes prepared rows: in cache 1.13-1.22x at 4-8 rows,
+// but a Q8_0 1.5B's passes over 4 rows (4-row calls, bound by reading the weights) took 1.05-1.11x the time
+// with them on Zen 4; from 5 rows 0.93-1.03x (docs/kernels.md)
 #define SB_PREPARED_MIN 5
 
 bool ggml_smallbatch_mul_mat_chunk(const struct ggml_tensor * dst, const void * wdata, size_t row_size,
