@@ -181,24 +181,22 @@ static inline __attribute__((always_inline)) void sb_qx_0_prepared(const int typ
         s[c] = ggml_smallbatch_hsum_float_8(acc[c]);
     }
 }
-#define SB_QX_0_PREPARED(NAME, TYPE) \
-    static inline __attribute__((always_inline)) void NAME(int n, float * s, const void * vx, const void * const * vy, \
-                                                           const int nc) { \
-        sb_qx_0_prepared(TYPE, n, s, vx, vy, nc); \
-    }
-SB_QX_0_PREPARED(sb_q8_0_prep, SB_Q8_0)
-SB_QX_0_PREPARED(sb_q4_0_prep, SB_Q4_0)
-SB_QX_0_PREPARED(sb_q5_0_prep, SB_Q5_0)
 #endif
 
-#define SB_QX_0(NAME, TYPE) \
+// NAME: KERNEL for weights of TYPE, in the kernels' signature
+#define SB_QX_0(NAME, KERNEL, TYPE) \
     static inline __attribute__((always_inline)) void NAME(int n, float * s, const void * vx, const void * const * vy, \
                                                            const int nc) { \
-        sb_qx_0_q8_0(TYPE, n, s, vx, vy, nc); \
+        KERNEL(TYPE, n, s, vx, vy, nc); \
     }
-SB_QX_0(sb_q8_0_q8_0, SB_Q8_0)
-SB_QX_0(sb_q4_0_q8_0, SB_Q4_0)
-SB_QX_0(sb_q5_0_q8_0, SB_Q5_0)
+SB_QX_0(sb_q8_0_q8_0, sb_qx_0_q8_0, SB_Q8_0)
+SB_QX_0(sb_q4_0_q8_0, sb_qx_0_q8_0, SB_Q4_0)
+SB_QX_0(sb_q5_0_q8_0, sb_qx_0_q8_0, SB_Q5_0)
+#ifdef GGML_SMALLBATCH_HAS_VNNI
+SB_QX_0(sb_q8_0_prep, sb_qx_0_prepared, SB_Q8_0)
+SB_QX_0(sb_q4_0_prep, sb_qx_0_prepared, SB_Q4_0)
+SB_QX_0(sb_q5_0_prep, sb_qx_0_prepared, SB_Q5_0)
+#endif
 
 // Q4_1: the codes of a block unpacked once, the integer lanes per activation row as above; the offsets'
 // products summed per row in a float scalar, one a block, as vec_dot does.

@@ -180,6 +180,28 @@ static void q4_1_weights(const float * f, void * y, int64_t k) { quantize_row_q4
 static void q8_0_acts(const float * f, void * y, int64_t k) { quantize_row_q8_0_ref(f, y, k); }
 static void q8_1_acts(const float * f, void * y, int64_t k) { quantize_row_q8_1_ref(f, y, k); }
 
+// Results of `dot` (on rows `kvy`) that differ from `ref_dot`'s (on rows `vy`): every weight row a stride of 61
+// apart, 1-8 activation rows and 1-4 weight rows a call
+static int legacy_differences(int n, int rows, const char * w, size_t row, ggml_smallbatch_dot_t dot, const void * const * kvy,
+                              vec_dot_t ref_dot, const void * const * vy) {
+    float ref, out[GGML_SMALLBATCH_MAX_WROWS * GGML_SMALLBATCH_MAX_COLS];
+    int bad = 0;
+    for (int nc = 1; nc <= GGML_SMALLBATCH_MAX_COLS; ++nc) {
+        for (int nw = 1; nw <= GGML_SMALLBATCH_MAX_WROWS; ++nw) {
+            for (int r0 = 0; r0 + nw <= rows; r0 += 61) {
+                dot(n, out, GGML_SMALLBATCH_MAX_COLS, w + r0 * row, row, nw, kvy, nc);
+                for (int k = 0; k < nw; ++k) {
+                    for (int c = 0; c < nc; ++c) {
+                        ref_dot(n, &ref, 0, w + (r0 + k) * row, 0, vy[c], 0, 1);
+                        bad += memcmp(&ref, &out[k * GGML_SMALLBATCH_MAX_COLS + c], sizeof(float)) != 0;
+                    }
+                }
+            }
+        }
+    }
+    return bad;
+}
+
 static int check_legacy(int timed) {
     enum { N = 640, NB = N / 32, ROWS = 512, REPS = 21, TYPES = 4 };  // Gemma 3 270M's width
     static const struct {
@@ -215,20 +237,7 @@ static int check_legacy(int timed) {
         const ggml_smallbatch_dot_t dot = types[t].kernel();
         const vec_dot_t ref_dot = types[t].ref;
         float ref[GGML_SMALLBATCH_MAX_COLS], out[GGML_SMALLBATCH_MAX_WROWS * GGML_SMALLBATCH_MAX_COLS];
-        int bad = 0;
-        for (int nc = 1; nc <= GGML_SMALLBATCH_MAX_COLS; ++nc) {
-            for (int nw = 1; nw <= GGML_SMALLBATCH_MAX_WROWS; ++nw) {
-                for (int r0 = 0; r0 + nw <= ROWS; r0 += 61) {
-                    dot(N, out, GGML_SMALLBATCH_MAX_COLS, w + r0 * row, row, nw, vy, nc);
-                    for (int k = 0; k < nw; ++k) {
-                        for (int c = 0; c < nc; ++c) {
-                            ref_dot(N, ref + c, 0, w + (r0 + k) * row, 0, vy[c], 0, 1);
-                            bad += memcmp(&ref[c], &out[k * GGML_SMALLBATCH_MAX_COLS + c], sizeof(float)) != 0;
-                        }
-                    }
-                }
-            }
-        }
+        const int bad = legacy_differences(N, ROWS, w, row, dot, vy, ref_dot, vy);
         printf("check n=%d nc=1-8 nw=1-4: %s %s\n", N, types[t].name, bad ? "DIFFERS" : "bit-identical");
         bad_total += bad;
         // the kernel on activation rows prepared once per call (ggml_smallbatch_prepared_kernel), where the build has it
@@ -240,20 +249,7 @@ static int check_legacy(int timed) {
             ggml_smallbatch_q8_0_prepare(N, vy[c], pa + c * prow);
             pvy[c] = pa + c * prow;
         }
-        int pbad = 0;
-        for (int nc = 1; pdot != NULL && nc <= GGML_SMALLBATCH_MAX_COLS; ++nc) {
-            for (int nw = 1; nw <= GGML_SMALLBATCH_MAX_WROWS; ++nw) {
-                for (int r0 = 0; r0 + nw <= ROWS; r0 += 61) {
-                    pdot(N, out, GGML_SMALLBATCH_MAX_COLS, w + r0 * row, row, nw, pvy, nc);
-                    for (int k = 0; k < nw; ++k) {
-                        for (int c = 0; c < nc; ++c) {
-                            ref_dot(N, ref + c, 0, w + (r0 + k) * row, 0, vy[c], 0, 1);
-                            pbad += memcmp(&ref[c], &out[k * GGML_SMALLBATCH_MAX_COLS + c], sizeof(float)) != 0;
-                        }
-                    }
-                }
-            }
-        }
+        const int pbad = pdot != NULL ? legacy_differences(N, ROWS, w, row, pdot, pvy, ref_dot, vy) : 0;
         if (pdot != NULL) {
             printf("check n=%d nc=1-8 nw=1-4: %s prepared %s\n", N, types[t].name, pbad ? "DIFFERS" : "bit-identical");
         }
