@@ -16,6 +16,8 @@
 #include "ggml-cpu-impl.h"
 #include "simd-mappings.h"
 
+#include <stdlib.h>
+
 #if defined(__AVX2__)
 #include <immintrin.h>
 
@@ -222,11 +224,121 @@ static inline __attribute__((always_inline)) void sb_q6_K_q8_K_512(int n, float 
     }
 }
 #define SB_Q6_K_512 1
+
+// The 512-bit kernel on activation rows prepared once per call (ggml_smallbatch_q8_K_prepare): each
+// 32-bit lane of a vector sums one sub-block of 16 weights. The row above spends 4 maddubs and 4 dpwssd a
+// super-block (the scales applied in 16 bits) and then a float tail over 8 lanes, per activation row; here
+// a super-block is 4 dpbusd from the row's prepared -32 x bsum offsets, one conversion and one fma with
+// the scales as floats (x's d times each scale, once per super-block, times y's d). The codes are laid
+// out for it once per super-block (a 4 x 4 transpose of 32-bit groups within each 128-bit lane), the
+// activations once per call. The integer sum of each sub-block is exact, but its float steps differ from
+// ggml_vec_dot_q6_K_q8_K's (a scale per lane in float, not in the integers; 16 lanes summed at the end):
+// results within rounding of the per-row kernel's, not bit for bit. Each activation row takes the same
+// steps however many rows a call has, so a batch's rows equal the rows decoded alone bit for bit.
+// Off unless GGML_SMALLBATCH_Q6_K_PREPARED=1: the set-up's check and tests/test_kernels.py hold the
+// kernels' rows to the unpatched module's bit for bit, which this form does not keep (docs/kernels.md).
+// Lane 4j + m of every vector here belongs to sub-block 4m + j (j: the 128-bit lane, m: the vector of 64
+// codes the transpose takes it from).
+typedef struct {
+    int8_t  qs[QK_K];  // vector t: in lane 4j + m, the values 4t..4t+3 of sub-block 4m + j
+    int32_t off[16];   // -32 x the sum of sub-block 4m + j's 16 values, in lane 4j + m
+} sb_q8_K_prepared;    // 320 bytes; a prepared row is nb of them, then nb floats (d), padded to 64 bytes
+
+static const int32_t sb_lane_sub[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
+
+// Within each 128-bit lane j, the 4 x 4 transpose of the 32-bit groups of v[0..3]: group t of v[m] to
+// group m of v[t]
+static inline __attribute__((always_inline)) void sb_transpose_4x4(__m512i v[4]) {
+    const __m512i t0 = _mm512_unpacklo_epi32(v[0], v[1]);
+    const __m512i t1 = _mm512_unpackhi_epi32(v[0], v[1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(v[2], v[3]);
+    const __m512i t3 = _mm512_unpackhi_epi32(v[2], v[3]);
+    v[0] = _mm512_unpacklo_epi64(t0, t2);
+    v[1] = _mm512_unpackhi_epi64(t0, t2);
+    v[2] = _mm512_unpacklo_epi64(t1, t3);
+    v[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+
+size_t ggml_smallbatch_q8_K_prepared_size(int n) {
+    const size_t nb = (size_t) (n / QK_K);
+    return (nb * (sizeof(sb_q8_K_prepared) + sizeof(float)) + 63) & ~(size_t) 63;
+}
+
+void ggml_smallbatch_q8_K_prepare(int n, const void * vy, void * out) {
+    const int nb = n / QK_K;
+    const block_q8_K * y = (const block_q8_K *) vy;
+    sb_q8_K_prepared * p = (sb_q8_K_prepared *) out;
+    float * d = (float *) (p + nb);
+    const __m512i lane_sub = _mm512_loadu_si512((const void *) sb_lane_sub);
+    for (int i = 0; i < nb; ++i) {
+        __m512i v[4];
+        for (int m = 0; m < 4; ++m) {
+            v[m] = _mm512_loadu_si512((const void *) (y[i].qs + 64 * m));
+        }
+        sb_transpose_4x4(v);
+        for (int t = 0; t < 4; ++t) {
+            _mm512_storeu_si512((void *) (p[i].qs + 64 * t), v[t]);
+        }
+        const __m512i bsums = _mm512_permutexvar_epi32(lane_sub, _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *) y[i].bsums)));
+        _mm512_storeu_si512((void *) p[i].off, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(bsums, 5)));
+        d[i] = y[i].d;
+    }
+}
+
+static inline __attribute__((always_inline)) void sb_q6_K_prepared_512(int n, float * s, const void * vx,
+                                                                       const void * const * vy, const int nc) {
+    const block_q6_K * x = (const block_q6_K *) vx;
+    const int nb = n / QK_K;
+
+    const __m512i m15 = _mm512_set1_epi8(15);
+    const __m512i m48 = _mm512_set1_epi8(48);
+    const __m512i shl01 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i shr23 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    const __m512i lane_sub = _mm512_loadu_si512((const void *) sb_lane_sub);
+
+    __m512 acc[GGML_SMALLBATCH_MAX_COLS];
+    for (int c = 0; c < nc; ++c) {
+        acc[c] = _mm512_setzero_ps();
+    }
+
+    for (int i = 0; i < nb; ++i) {
+        GGML_SMALLBATCH_PREFETCH_256((const char *) (x + i + SB_Q6_K_PREFETCH_512), GGML_SMALLBATCH_PREFETCH_L2(nc));
+        // x's d times each sub-block's scale, in the sub-block's lane
+        const __m512i scales = _mm512_permutexvar_epi32(lane_sub, _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *) x[i].scales)));
+        const __m512 xsc = _mm512_mul_ps(_mm512_cvtepi32_ps(scales), _mm512_set1_ps(GGML_CPU_FP16_TO_FP32(x[i].d)));
+
+        __m512i q[4];  // codes 64m..64m+63 as unsigned bytes, in the order of the activations; then transposed
+        for (int h = 0; h < 2; ++h) {
+            const __m512i bits  = _mm512_loadu_si512((const void *) (x[i].ql + 64 * h));
+            const __m512i bitsH = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *) (x[i].qh + 32 * h)));
+            const __m512i h01 = _mm512_and_si512(_mm512_sllv_epi16(bitsH, shl01), m48);
+            const __m512i h23 = _mm512_and_si512(_mm512_srlv_epi16(bitsH, shr23), m48);
+            q[2 * h + 0] = _mm512_or_si512(_mm512_and_si512(bits, m15), h01);
+            q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(bits, 4), m15), h23);
+        }
+        sb_transpose_4x4(q);
+
+        for (int c = 0; c < nc; ++c) {
+            const sb_q8_K_prepared * y = (const sb_q8_K_prepared *) vy[c] + i;
+            const float * yd = (const float *) ((const sb_q8_K_prepared *) vy[c] + nb) + i;
+            __m512i sum = _mm512_loadu_si512((const void *) y->off);
+            for (int t = 0; t < 4; ++t) {
+                sum = _mm512_dpbusd_epi32(sum, q[t], _mm512_loadu_si512((const void *) (y->qs + 64 * t)));
+            }
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(xsc, _mm512_set1_ps(*yd)), acc[c]);
+        }
+    }
+
+    for (int c = 0; c < nc; ++c) {
+        s[c] = _mm512_reduce_add_ps(acc[c]);
+    }
+}
 #endif
 
 GGML_SMALLBATCH_ROWS(sb_q6_K_q8_K, sb_q6_K_q8_K_nc)
 #ifdef SB_Q6_K_512
 GGML_SMALLBATCH_ROWS(sb_q6_K_q8_K_512, sb_q6_K_q8_K_512_nc)
+GGML_SMALLBATCH_ROWS(sb_q6_K_prepared_512, sb_q6_K_prepared_512_nc)
 #endif
 
 ggml_smallbatch_dot_t ggml_smallbatch_q6_K(void) {
@@ -238,10 +350,41 @@ ggml_smallbatch_dot_t ggml_smallbatch_q6_K(void) {
     return sb_q6_K_q8_K_nc;
 }
 
+ggml_smallbatch_dot_t ggml_smallbatch_q6_K_prepared(void) {
+#ifdef SB_Q6_K_512
+    static int on = -1;
+    if (on < 0) {
+        const char * env = getenv("GGML_SMALLBATCH_Q6_K_PREPARED");
+        on = env != NULL && atoi(env) != 0;
+    }
+    if (on && ggml_smallbatch_512()) {
+        return sb_q6_K_prepared_512_nc;
+    }
+#endif
+    return NULL;
+}
+
 #else
 
 ggml_smallbatch_dot_t ggml_smallbatch_q6_K(void) {
     return NULL;  // the per-row kernel is the only one for this instruction set
 }
 
+ggml_smallbatch_dot_t ggml_smallbatch_q6_K_prepared(void) {
+    return NULL;
+}
+
+#endif
+
+#ifndef SB_Q6_K_512  // no prepared Q6_K kernel in this build: nothing is ever prepared
+size_t ggml_smallbatch_q8_K_prepared_size(int n) {
+    (void) n;
+    return 0;
+}
+
+void ggml_smallbatch_q8_K_prepare(int n, const void * vy, void * out) {
+    (void) n;
+    (void) vy;
+    (void) out;
+}
 #endif

@@ -193,12 +193,16 @@ bool ggml_smallbatch_mul_mat_chunk(const struct ggml_tensor * dst, const void * 
     float *      d[GGML_SMALLBATCH_MAX_COLS];
     float        s[GGML_SMALLBATCH_MAX_WROWS * GGML_SMALLBATCH_MAX_COLS];
 
-    // Q8_0, Q4_0 and Q5_0 from SB_PREPARED_MIN rows: the activation rows prepared once per call for the
-    // chunk's weight rows, in a buffer per thread (grown as needed, kept for the next call)
-    const ggml_smallbatch_dot_t prepared = ggml_smallbatch_prepared_kernel(src0->type);
+    // The activation rows prepared once per call for the chunk's weight rows, in a buffer per thread (grown
+    // as needed, kept for the next call): Q8_0, Q4_0 and Q5_0 from SB_PREPARED_MIN rows, Q6_K from one row
+    // (every row, so that a batch's rows equal the rows decoded alone)
+    const bool q6_K = src0->type == GGML_TYPE_Q6_K;
+    const ggml_smallbatch_dot_t prepared = q6_K ? ggml_smallbatch_q6_K_prepared() : ggml_smallbatch_prepared_kernel(src0->type);
+    const int prepared_min = q6_K ? 1 : SB_PREPARED_MIN;
     static __thread char * pbuf = NULL;
     static __thread size_t pcap = 0;
-    const size_t prow = prepared != NULL ? ggml_smallbatch_q8_0_prepared_size((int) ne00) : 0;
+    const size_t prow = prepared == NULL ? 0 : q6_K ? ggml_smallbatch_q8_K_prepared_size((int) ne00)
+                                                    : ggml_smallbatch_q8_0_prepared_size((int) ne00);
     const void * yp[GGML_SMALLBATCH_MAX_COLS];
 
     for (int64_t c0 = ir1_start; c0 < ir1_end;) {
@@ -208,7 +212,7 @@ bool ggml_smallbatch_mul_mat_chunk(const struct ggml_tensor * dst, const void * 
         const int     nc = (int) (c - c0);
         ggml_smallbatch_dot_t call = dot;
         const void ** rows = y;
-        if (prepared != NULL && nc >= SB_PREPARED_MIN) {
+        if (prepared != NULL && nc >= prepared_min) {
             if (pcap < GGML_SMALLBATCH_MAX_COLS * prow) {
                 char * grown = NULL;
                 if (posix_memalign((void **) &grown, 64, GGML_SMALLBATCH_MAX_COLS * prow) != 0) {
@@ -219,7 +223,7 @@ bool ggml_smallbatch_mul_mat_chunk(const struct ggml_tensor * dst, const void * 
                 pcap = GGML_SMALLBATCH_MAX_COLS * prow;
             }
             for (int j = 0; j < nc; ++j) {
-                ggml_smallbatch_q8_0_prepare((int) ne00, y[j], pbuf + j * prow);
+                (q6_K ? ggml_smallbatch_q8_K_prepare : ggml_smallbatch_q8_0_prepare)((int) ne00, y[j], pbuf + j * prow);
                 yp[j] = pbuf + j * prow;
             }
             call = prepared;

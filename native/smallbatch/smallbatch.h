@@ -164,6 +164,13 @@ ggml_smallbatch_dot_t ggml_smallbatch_q4_1(void);
 ggml_smallbatch_dot_t ggml_smallbatch_prepared_kernel(enum ggml_type type);
 size_t ggml_smallbatch_q8_0_prepared_size(int n);
 void ggml_smallbatch_q8_0_prepare(int n, const void * vy, void * out);
+// Q6_K weights against Q8_K rows prepared once per call, where the kernels take their 512-bit forms
+// (smallbatch-q6_K.c; NULL: none, or not turned on by GGML_SMALLBATCH_Q6_K_PREPARED=1 in the environment):
+// results within rounding of ggml_vec_dot_q6_K_q8_K's, not bit for bit, and each row's the same in a
+// call of any number of rows. The prepared row's size for n values, and its preparation from a Q8_K row.
+ggml_smallbatch_dot_t ggml_smallbatch_q6_K_prepared(void);
+size_t ggml_smallbatch_q8_K_prepared_size(int n);
+void ggml_smallbatch_q8_K_prepare(int n, const void * vy, void * out);
 // Q4_K repacked as block_q4_Kx8 (NULL: none for this instruction set)
 ggml_smallbatch_gemm_t ggml_smallbatch_q4_Kx8(void);
 // MXFP4 repacked as block_mxfp4x8, against Q8_0 rows (smallbatch-legacy.c; NULL: none)

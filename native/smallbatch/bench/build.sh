@@ -23,7 +23,7 @@ done
 inc="-I$ggml/src -I$ggml/src/ggml-cpu -I$ggml/include"
 cc="cc -O3 -DNDEBUG -std=gnu11 -D_GNU_SOURCE $flags -ffunction-sections -fdata-sections"
 cxx="c++ -O3 -DNDEBUG -std=gnu++17 -D_GNU_SOURCE $flags -ffunction-sections -fdata-sections"
-ren="-Dggml_smallbatch_q6_K=old_smallbatch_q6_K -Dggml_smallbatch_q4_Kx8=old_smallbatch_q4_Kx8"
+ren="-Dggml_smallbatch_q6_K=old_smallbatch_q6_K -Dggml_smallbatch_q4_Kx8=old_smallbatch_q4_Kx8 -Dggml_smallbatch_q6_K_prepared=old_smallbatch_q6_K_prepared -Dggml_smallbatch_q8_K_prepared_size=old_smallbatch_q8_K_prepared_size -Dggml_smallbatch_q8_K_prepare=old_smallbatch_q8_K_prepare"
 # the old per-row-layout kernel's interface: several weight rows a call since GGML_SMALLBATCH_MAX_WROWS
 old_if=""
 grep -q GGML_SMALLBATCH_MAX_WROWS "$b/old/smallbatch.h" && old_if="-DSB_OLD_WROWS"

@@ -297,6 +297,83 @@ static int check_legacy(int timed) {
 }
 
 enum { WIDTHS = 2, REPEATS = 21 };
+
+// The prepared Q6_K kernel (ggml_smallbatch_q6_K_prepared, where the build has it) on nrows weight rows: its
+// results within rounding of vec_dot's (ref6[r * nc_max + c]: the largest difference at most 1e-5 of the
+// largest result), each row's bit for bit the same in calls of 1..nc_max rows; then timed against the
+// per-row-layout kernel `dot`, the rows prepared once per 64 weight rows as the driver does per chunk.
+static int q6_K_prepared(int n, int nrows, const void * w6, size_t row6, const void * const * vy, int nc_max,
+                         const float * ref6, ggml_smallbatch_dot_t dot, int check_only) {
+    setenv("GGML_SMALLBATCH_Q6_K_PREPARED", "1", 0);  // off by default in the module
+    const ggml_smallbatch_dot_t pdot = ggml_smallbatch_q6_K_prepared();
+    if (pdot == NULL) {
+        printf("check n=%d: no prepared Q6_K kernel in this build\n", n);
+        return 0;
+    }
+    const size_t prow = ggml_smallbatch_q8_K_prepared_size(n);
+    char * pbuf = aligned_alloc(64, prow * nc_max);
+    const void * yp[GGML_SMALLBATCH_MAX_COLS];
+    for (int c = 0; c < nc_max; ++c) {
+        ggml_smallbatch_q8_K_prepare(n, vy[c], pbuf + c * prow);
+        yp[c] = pbuf + c * prow;
+    }
+    float * one = malloc(sizeof(float) * nrows * nc_max);  // each row alone
+    float * out = malloc(sizeof(float) * nrows * nc_max);
+    int failures = 0;
+    for (int c = 0; c < nc_max; ++c) {
+        for (int r = 0; r < nrows; r += GGML_SMALLBATCH_MAX_WROWS) {
+            pdot(n, one + r * nc_max + c, nc_max, (const char *) w6 + r * row6, row6, GGML_SMALLBATCH_MAX_WROWS, yp + c, 1);
+        }
+    }
+    float top = 0, worst = 0;
+    for (int i = 0; i < nrows * nc_max; ++i) {
+        top = fmaxf(top, fabsf(ref6[i]));
+        worst = fmaxf(worst, fabsf(one[i] - ref6[i]));
+    }
+    failures += !(worst <= 1e-5f * top);
+    for (int nc = 2; nc <= nc_max; ++nc) {
+        int bad = 0;
+        memset(out, 0xff, sizeof(float) * nrows * nc_max);
+        for (int r = 0; r < nrows; r += GGML_SMALLBATCH_MAX_WROWS) {
+            pdot(n, out + r * nc_max, nc_max, (const char *) w6 + r * row6, row6, GGML_SMALLBATCH_MAX_WROWS, yp, nc);
+        }
+        for (int r = 0; r < nrows; ++r)
+            for (int c = 0; c < nc; ++c)
+                bad += memcmp(out + r * nc_max + c, one + r * nc_max + c, sizeof(float)) != 0;
+        failures += bad;
+        if (bad) printf("check n=%d nc=%d: prepared Q6_K rows DIFFER from the rows alone\n", n, nc);
+    }
+    printf("check n=%d nc=1-%d: prepared Q6_K within %.2g of the largest result (%.3g against %.3g), rows alone = rows in a call: %s\n",
+           n, nc_max, (double) (worst / top), (double) worst, (double) top, failures ? "NO" : "yes");
+    if (!check_only) {
+        static const int ncs[] = {1, 2, 4, 8};
+        const int nb = n / 256;
+        for (int k = 0; k < 4; ++k) {
+            const int nc = ncs[k];
+            double t[2][REPEATS];
+            for (int rep = 0; rep < REPEATS; ++rep) {
+                double t0 = now_ns();
+                for (int r = 0; r < nrows; r += GGML_SMALLBATCH_MAX_WROWS)
+                    dot(n, out + r * nc_max, nc_max, (const char *) w6 + r * row6, row6, GGML_SMALLBATCH_MAX_WROWS, vy, nc);
+                double t1 = now_ns();
+                for (int r0 = 0; r0 < nrows; r0 += 64) {
+                    for (int c = 0; c < nc; ++c) ggml_smallbatch_q8_K_prepare(n, vy[c], pbuf + c * prow);
+                    for (int r = r0; r < r0 + 64 && r < nrows; r += GGML_SMALLBATCH_MAX_WROWS)
+                        pdot(n, out + r * nc_max, nc_max, (const char *) w6 + r * row6, row6, GGML_SMALLBATCH_MAX_WROWS, yp, nc);
+                }
+                double t2 = now_ns();
+                t[0][rep] = (t1 - t0) / ((double) nc * nb * nrows);
+                t[1][rep] = (t2 - t1) / ((double) nc * nb * nrows);
+            }
+            qsort(t[0], REPEATS, sizeof(double), cmp_double);
+            qsort(t[1], REPEATS, sizeof(double), cmp_double);
+            printf("time n=%d nc=%d  Q6_K kernel %6.2f prepared (preparing included) %6.2f (x%.2f)\n", n, nc, t[0][0], t[1][0],
+                   t[0][0] / t[1][0]);
+        }
+    }
+    free(pbuf); free(one); free(out);
+    return failures;
+}
 static const int widths[WIDTHS] = {1536, 8960};
 
 // The F16 kernel (smallbatch-f16.c) against ggml_vec_dot_f16 (vec.cpp, the same flags), as attention uses
@@ -614,6 +691,8 @@ int main(int argc, char ** argv) {
             failures += bad6 + bad4;
         }
 
+        failures += q6_K_prepared(n, nrows, w6, row6, vy, nc_max, ref6, new6, check_only);
+
         if (!check_only) {
             static const int ncs[] = {1, 2, 4, 8};
             const int nwt = getenv("SB_NW") ? atoi(getenv("SB_NW")) : GGML_SMALLBATCH_MAX_WROWS;
@@ -652,6 +731,6 @@ int main(int argc, char ** argv) {
         time_f16();
         time_peak();
     }
-    printf(failures ? "FAILED: %d results differ\n" : "all results bit-identical\n", failures);
+    printf(failures ? "FAILED: %d results differ\n" : "all results bit-identical (the prepared Q6_K kernel: within rounding)\n", failures);
     return failures != 0;
 }
