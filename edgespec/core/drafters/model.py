@@ -87,8 +87,7 @@ class ModelDrafter:
         costs are loaded: `draft_cost_s`)."""
         if self._pass_costs is None:
             return Hint()
-        extra = self.proposal_cost_s(self._catch_up_rows(context), 1) - self.draft_cost_s()
-        return Hint(catch_up_s=max(extra, 0.0))  # (a noisy profile may have T_d(2) below T_d(1))
+        return Hint(catch_up_s=self.proposal_cost_s(self._catch_up_rows(context), 1) - self.draft_cost_s())
 
     def _catch_up_rows(self, context: Sequence[int]) -> int:
         """Rows of the next proposal's first pass: the committed tokens the draft's cache lacks
@@ -98,9 +97,11 @@ class ModelDrafter:
 
     def proposal_cost_s(self, rows: int, passes: int) -> float:
         """Seconds of a proposal by the draft's profile: a first pass over `rows` rows (the catch-up
-        and the first draft), then `passes` - 1 one-row passes."""
+        and the first draft), then `passes` - 1 one-row passes. The first pass costs at least a one-row
+        pass, so a catch-up is never negative: a noisy profile may have T_d(2) below T_d(1), and the
+        plans (`hint`) and this account (`estimated_s`) price it the same way."""
         pc = self._pass_costs or self._load_costs()
-        return pc.seconds(rows) + (passes - 1) * pc.seconds(1)
+        return max(pc.seconds(rows), pc.seconds(1)) + (passes - 1) * pc.seconds(1)
 
     def _load_costs(self) -> costs.CostModel:
         """The draft model's stored T(K) profile (measured on first use), as a cost model."""
