@@ -150,6 +150,25 @@ static inline __attribute__((always_inline)) void sb_q6_K_q8_K(int n, float * s,
 }
 
 #ifdef GGML_SMALLBATCH_HAS_512
+// A super-block's 256 codes as unsigned bytes, 64 a vector in the order of the activations (q[m]: codes
+// 64m..64m+63): the low 4 bits from ql, the high 2 from qh (both 512-bit kernels below)
+static inline __attribute__((always_inline)) void sb_q6_K_codes_512(const block_q6_K * xb, __m512i q[4]) {
+    const __m512i m15 = _mm512_set1_epi8(15);
+    const __m512i m48 = _mm512_set1_epi8(48);
+    // the high 2 bits of codes 0-31 | 32-63 (shifted left 4 | 2 within 16-bit words: what crosses a
+    // byte lands outside bits 4-5) and of 64-95 | 96-127 (shifted right 0 | 2)
+    const __m512i shl01 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i shr23 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    for (int h = 0; h < 2; ++h) {
+        const __m512i bits  = _mm512_loadu_si512((const void *) (xb->ql + 64 * h));
+        const __m512i bitsH = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *) (xb->qh + 32 * h)));
+        const __m512i h01 = _mm512_and_si512(_mm512_sllv_epi16(bitsH, shl01), m48);
+        const __m512i h23 = _mm512_and_si512(_mm512_srlv_epi16(bitsH, shr23), m48);
+        q[2 * h + 0] = _mm512_or_si512(_mm512_and_si512(bits, m15), h01);
+        q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(bits, 4), m15), h23);
+    }
+}
+
 // 512-bit form (ggml_smallbatch_512: AMD Zen 4 and later; Zen 5 runs its multiplies at full width). A
 // super-block's codes are 4 vectors of 64, each two of the 256-bit kernel's (the pair whose activations
 // follow each other), and its scales 4 vectors (a 16-bit scale over each 128-bit lane: 16 weights);
@@ -161,12 +180,6 @@ static inline __attribute__((always_inline)) void sb_q6_K_q8_K_512(int n, float 
     const block_q6_K * x = (const block_q6_K *) vx;
     const int nb = n / QK_K;
 
-    const __m512i m15 = _mm512_set1_epi8(15);
-    const __m512i m48 = _mm512_set1_epi8(48);
-    // the high 2 bits of codes 0-31 | 32-63 (shifted left 4 | 2 within 16-bit words: what crosses a
-    // byte lands outside bits 4-5) and of 64-95 | 96-127 (shifted right 0 | 2)
-    const __m512i shl01 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
-    const __m512i shr23 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
     // word t of scale vector m: scale 4m + t/8
     static const uint16_t sc_lane[32] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
                                          2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3};
@@ -190,14 +203,7 @@ static inline __attribute__((always_inline)) void sb_q6_K_q8_K_512(int n, float 
 
         __m512i q[4];   // codes 64m..64m+63 as unsigned bytes, in the order of the activations
         __m512i sc[4];  // their 16-bit scales
-        for (int h = 0; h < 2; ++h) {
-            const __m512i bits  = _mm512_loadu_si512((const void *) (x[i].ql + 64 * h));
-            const __m512i bitsH = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *) (x[i].qh + 32 * h)));
-            const __m512i h01 = _mm512_and_si512(_mm512_sllv_epi16(bitsH, shl01), m48);
-            const __m512i h23 = _mm512_and_si512(_mm512_srlv_epi16(bitsH, shr23), m48);
-            q[2 * h + 0] = _mm512_or_si512(_mm512_and_si512(bits, m15), h01);
-            q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(bits, 4), m15), h23);
-        }
+        sb_q6_K_codes_512(x + i, q);
         for (int m = 0; m < 4; ++m) {
             sc[m] = _mm512_permutexvar_epi16(_mm512_add_epi16(sc_base, _mm512_set1_epi16(4 * m)), scales_z);
         }
@@ -290,10 +296,6 @@ static inline __attribute__((always_inline)) void sb_q6_K_prepared_512(int n, fl
     const block_q6_K * x = (const block_q6_K *) vx;
     const int nb = n / QK_K;
 
-    const __m512i m15 = _mm512_set1_epi8(15);
-    const __m512i m48 = _mm512_set1_epi8(48);
-    const __m512i shl01 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
-    const __m512i shr23 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
     const __m512i lane_sub = _mm512_loadu_si512((const void *) sb_lane_sub);
 
     __m512 acc[GGML_SMALLBATCH_MAX_COLS];
@@ -308,14 +310,7 @@ static inline __attribute__((always_inline)) void sb_q6_K_prepared_512(int n, fl
         const __m512 xsc = _mm512_mul_ps(_mm512_cvtepi32_ps(scales), _mm512_set1_ps(GGML_CPU_FP16_TO_FP32(x[i].d)));
 
         __m512i q[4];  // codes 64m..64m+63 as unsigned bytes, in the order of the activations; then transposed
-        for (int h = 0; h < 2; ++h) {
-            const __m512i bits  = _mm512_loadu_si512((const void *) (x[i].ql + 64 * h));
-            const __m512i bitsH = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *) (x[i].qh + 32 * h)));
-            const __m512i h01 = _mm512_and_si512(_mm512_sllv_epi16(bitsH, shl01), m48);
-            const __m512i h23 = _mm512_and_si512(_mm512_srlv_epi16(bitsH, shr23), m48);
-            q[2 * h + 0] = _mm512_or_si512(_mm512_and_si512(bits, m15), h01);
-            q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(bits, 4), m15), h23);
-        }
+        sb_q6_K_codes_512(x + i, q);
         sb_transpose_4x4(q);
 
         for (int c = 0; c < nc; ++c) {
