@@ -69,17 +69,20 @@ def child(model_name: str, rows: list[int], threads: int | None, flash_attn: str
     from edgespec.runtime import llama as runtime
 
     model = runtime.Model(resolve(model_name), n_ctx=at + max(rows) + 16, n_batch=max(64, max(rows)),
-                          n_threads=threads, flash_attn=flash_attn)
+                          n_threads=fixed_threads(threads), flash_attn=flash_attn)
     filler = model.tokenize(FILLER, add_special=True)
     filler = filler * (1 + (at + max(rows)) // len(filler))
     model.decode(filler[:at], n_logits=0)
     passes = filler[at : at + max(rows)]
     info = runtime.backend_info()
-    print(json.dumps({"ready": True, "kernels": info.kernels, "variant": info.variant}), flush=True)
+    print(json.dumps({"ready": True, "kernels": info.kernels, "variant": info.variant, **threads_info(model)}), flush=True)
     for line in sys.stdin:
         if not line.strip():
             break
         out = {}
+        for _ in range(int(os.environ.get('VK_WARM', '0'))):
+            model.truncate(at)
+            model.decode(passes[:1], n_logits=1)
         for k in rows:  # a warm-up pass first, then the timed one
             for timed in (False, True):
                 model.truncate(at)
@@ -97,9 +100,9 @@ def e2e_child(model_name: str, threads: int | None) -> int:
     from edgespec.models.loader import RuntimeOptions
     from edgespec.service.session import Request, Session
 
-    session = Session.load(model_name, RuntimeOptions(n_threads=threads))
+    session = Session.load(model_name, RuntimeOptions(n_threads=fixed_threads(threads)))
     session.run(Request(text="Say hi.", framing="question", draft="none", gamma="0", max_tokens=4))
-    info = runtime_info()
+    info = {**runtime_info(), **threads_info(session.target)}
     print(json.dumps({"ready": True, **info}), flush=True)
     for line in sys.stdin:
         if not line.strip():
@@ -113,6 +116,18 @@ def e2e_child(model_name: str, threads: int | None) -> int:
                           "drafted_hist": {str(k): v for k, v in st.drafted_hist.items()}}), flush=True)
     session.close()
     return 0
+
+
+def fixed_threads(threads: int | None) -> int:
+    """The children's thread count: the one asked for, else every core this process may use, fixed.
+    With no count a model's threads follow the cores other processes leave free (runtime/threads.py),
+    and a child would read its sibling's round (both cores busy for a second or more) as another
+    process's load and run its next half second of passes on one thread (docs/kernels.md)."""
+    return threads or max(1, len(os.sched_getaffinity(0)))
+
+
+def threads_info(model) -> dict:
+    return {"threads": model.n_threads, "auto_threads": model.auto_threads}
 
 
 def runtime_info() -> dict:
@@ -140,6 +155,7 @@ class Child:
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         hello = self._read()
         self.kernels, self.variant = hello["kernels"], hello["variant"]
+        self.threads, self.auto_threads = hello["threads"], hello["auto_threads"]
 
     def _read(self) -> dict:
         assert self.proc.stdout is not None
@@ -206,7 +222,7 @@ def measure(model: str, args: argparse.Namespace) -> None:
                 c.close()
     med = {name: {k: statistics.median(v) for k, v in t.items()} for name, t in times.items()}
     variant = children["stock"].variant
-    print(f"\n### {model} ({variant} CPU kernels, {args.threads or len(os.sched_getaffinity(0))} threads, "
+    print(f"\n### {model} ({variant} CPU kernels, {children['stock'].threads} threads, "
           f"flash attention {args.flash_attn}, {args.at} tokens of context, medians of {args.rounds} "
           "interleaved rounds)\n")
     base = _base(args)

@@ -352,6 +352,28 @@ def test_benchmark_children_start_in_both_orders():
 
 
 @needs_kernels
+@pytest.mark.parametrize("e2e", [False, True])
+def test_benchmark_children_keep_their_thread_count(e2e):
+    """With no --threads the children run every core with a fixed count: a count that follows the free
+    cores would read the sibling child's round as another process's load and run the next half second
+    of passes on one thread (the first K of every round measured single-threaded)."""
+    import argparse
+    import os
+
+    from benchmarks.verify_kernels import start_children
+
+    args = argparse.Namespace(rows="1", flash_attn="off", at=32, threads=None, baseline=None, baseline_env=[])
+    children = start_children("smollm2-135m", args, 0, e2e=e2e)
+    try:
+        for c in children.values():
+            assert c.auto_threads is False
+            assert c.threads == len(os.sched_getaffinity(0))
+    finally:
+        for c in children.values():
+            c.close()
+
+
+@needs_kernels
 def test_the_prefetch_level_changes_no_logit(gemma_path, tmp_path):
     """Prefetching the weights into L2 only or into L1 too (GGML_SMALLBATCH_PREFETCH_L2; the default
     depends on the CPU) moves no bit of any batch's logits, and the module says which level ran."""
