@@ -10,11 +10,16 @@ The requests are the first requests of the agent suite's kinds (edit, diff, rewr
 extraction), each under its own API key per repeat so the suffix drafter never sees its own earlier
 answer. Order alternates (before/after, then after/before). Prints per-request rates and, per
 drafter, medians and the median per-request ratio after/before.
+
+Both servers run a fixed thread count (`--threads`, default every core): with the count following
+the free cores, a server would read the other's request, just finished, as another process's load
+and run the first half second of its own on one thread (docs/kernels.md, 2026-12-06).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -27,11 +32,12 @@ from edgespec.service.suites import load_suites, shipped_suites
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def start(tree: Path, target: str, port: int, log: Path, timeout: float) -> subprocess.Popen:
+def start(tree: Path, target: str, port: int, log: Path, timeout: float, threads: int) -> subprocess.Popen:
     python = tree / ".venv" / "bin" / "python"
     if not (tree / "app.py").is_file() or not python.exists():
         raise EdgeSpecError(f"{tree} is not a checkout with its .venv (app.py and .venv/bin/python)")
-    cmd = [str(python), "app.py", "serve", "--port", str(port), "--target", target, "--draft", "suffix", "--queue", "2"]
+    cmd = [str(python), "app.py", "serve", "--port", str(port), "--target", target, "--draft", "suffix", "--queue", "2",
+           "--threads", str(threads)]
     proc = subprocess.Popen(cmd, cwd=tree, stdout=log.open("w"), stderr=subprocess.STDOUT)
     return wait_healthy(proc, port, log, timeout)
 
@@ -55,7 +61,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--requests", type=int, default=6)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--start-timeout", type=float, default=1800.0)
+    ap.add_argument("--threads", type=int, default=None, help="each server's CPU threads, fixed (default: every core)")
     args = ap.parse_args(argv)
+    if args.threads is not None and args.threads < 1:
+        raise EdgeSpecError(f"--threads must be 1 or more, got {args.threads}")
+    threads = args.threads or max(1, len(os.sched_getaffinity(0)))
     import openai
 
     trees = {"before": Path(args.before).resolve(), "after": Path(args.after).resolve()}
@@ -67,7 +77,7 @@ def main(argv: list[str]) -> int:
         for side, tree in trees.items():
             port = free_port()
             print(f"starting {side}: {tree} on 127.0.0.1:{port}", file=sys.stderr, flush=True)
-            procs.append(start(tree, args.target, port, Path(f"/tmp/serve_ab_{side}.log"), args.start_timeout))
+            procs.append(start(tree, args.target, port, Path(f"/tmp/serve_ab_{side}.log"), args.start_timeout, threads))
             ports[side] = port
         print("| repeat | request | drafter | before tok/s | after tok/s | after / before |")
         print("|---|---|---|---|---|---|")
