@@ -351,6 +351,11 @@ bool ggml_smallbatch_f16_chunk(const struct ggml_tensor * dst, const void * wdat
         cap = SB_F16_COLS * ldy;
     }
 
+    // src0 rows (cache cells) past the visible ones: K x Q results that the softmax's mask makes -inf
+    // (ggml_smallbatch_kq_cells), written as 0 and not computed
+    const int64_t cells  = ggml_smallbatch_kq_cells(dst);
+    const int64_t ir0_to = ir0_end < cells ? ir0_end : cells > ir0_start ? cells : ir0_start;
+
     const void * yh[SB_F16_COLS];
     float *      d[SB_F16_COLS];
     for (int64_t c0 = ir1_start; c0 < ir1_end;) {
@@ -368,6 +373,27 @@ bool ggml_smallbatch_f16_chunk(const struct ggml_tensor * dst, const void * wdat
                 yf[i] = GGML_CPU_FP16_TO_FP32(y[i]);
             }
         }
+        for (int j = 0; j < nc; ++j) {
+            for (int64_t ir = ir0_to; ir < ir0_end; ++ir) {
+                d[j][ir] = 0.0f;
+            }
+        }
+        // V x softmax(KQ): the src1 rows are weights, 0 past the visible cells; the 64-value steps past the
+        // last weight that is not 0 would add only products x * 0 (+-0: no accumulator, which starts at +0,
+        // changes by one), so the sums stop before them: the same floats (ggml_smallbatch_kq_cells)
+        int nk = n;
+        if (n % 64 == 0) {
+            int last = 0;  // one past the last value that is not 0 in any of the call's rows
+            for (int j = 0; j < nc && last < n; ++j) {
+                const float * yf = buf + (size_t) j * ldy;
+                int i = n;
+                while (i > last && yf[i - 1] == 0.0f) {
+                    --i;
+                }
+                last = i > last ? i : last;
+            }
+            nk = last > 64 ? (last + 63) & ~63 : 64;
+        }
         // the results of one src0 row go to consecutive dst columns where dst's columns are evenly spaced
         bool even = true;
         for (int j = 2; j < nc && even; ++j) {
@@ -378,13 +404,13 @@ bool ggml_smallbatch_f16_chunk(const struct ggml_tensor * dst, const void * wdat
         // weights only: rows one after another (attention's V rows are spaced by the cache's size, and keep
         // the tile above, as measured with it)
         const bool weights = nb01 == 2 * (size_t) n;
-        for (; weights && n % 32 == 0 && n >= SB_F16_JMIN && ir0 + SB_F16_JROWS <= ir0_end; ir0 += SB_F16_JROWS) {
+        for (; weights && nk % 32 == 0 && nk >= SB_F16_JMIN && ir0 + SB_F16_JROWS <= ir0_to; ir0 += SB_F16_JROWS) {
             const char * x = src0_mat + ir0 * nb01;
             // the next tile's rows fetched while this one computes, spread over its column tiles
             const int ntiles = (nc + SB_F16_JCOLS - 1) / SB_F16_JCOLS;
-            const int64_t span = (int64_t) 2 * n * SB_F16_JROWS;
+            const int64_t span = (int64_t) 2 * nk * SB_F16_JROWS;
             struct sb_f16_pf pf = {NULL, NULL, 0, 0};
-            if (ir0 + 2 * SB_F16_JROWS <= ir0_end) {
+            if (ir0 + 2 * SB_F16_JROWS <= ir0_to) {
                 pf.a = x + SB_F16_JROWS * nb01;
             }
             for (int t = 0; t < nc; t += SB_F16_JCOLS) {
@@ -392,10 +418,10 @@ bool ggml_smallbatch_f16_chunk(const struct ggml_tensor * dst, const void * wdat
                 pf.o = span * (t / SB_F16_JCOLS) / ntiles;
                 pf.o_end = span * (t / SB_F16_JCOLS + 1) / ntiles;
                 if (even) {
-                    sb_f16_tiles_j(n, x, nb01, buf + (size_t) t * ldy, ldy, d[t] + ir0, nc > 1 ? (size_t) (d[1] - d[0]) : 0, 1, nt, pf);
+                    sb_f16_tiles_j(nk, x, nb01, buf + (size_t) t * ldy, ldy, d[t] + ir0, nc > 1 ? (size_t) (d[1] - d[0]) : 0, 1, nt, pf);
                 } else {
                     float out[SB_F16_JCOLS * SB_F16_JROWS];
-                    sb_f16_tiles_j(n, x, nb01, buf + (size_t) t * ldy, ldy, out, SB_F16_JROWS, 1, nt, pf);
+                    sb_f16_tiles_j(nk, x, nb01, buf + (size_t) t * ldy, ldy, out, SB_F16_JROWS, 1, nt, pf);
                     for (int j = 0; j < nt; ++j) {
                         for (int r = 0; r < SB_F16_JROWS; ++r) {
                             d[t + j][ir0 + r] = out[j * SB_F16_JROWS + r];
@@ -406,24 +432,24 @@ bool ggml_smallbatch_f16_chunk(const struct ggml_tensor * dst, const void * wdat
         }
 #endif
 #ifdef SB_F16_PAIRS
-        for (; n % 64 == 0 && ir0 + 1 < ir0_end; ir0 += 2) {  // two src0 rows at a time
+        for (; nk % 64 == 0 && ir0 + 1 < ir0_to; ir0 += 2) {  // two src0 rows at a time
             const ggml_fp16_t * x0 = (const ggml_fp16_t *) (src0_mat + ir0 * nb01);
             const ggml_fp16_t * x1 = (const ggml_fp16_t *) (src0_mat + (ir0 + 1) * nb01);
             const int ntiles = (nc + SB_F16_PAIR_TILE - 1) / SB_F16_PAIR_TILE;
             struct sb_f16_pf pf = {NULL, NULL, 0, 0};
-            if (ir0 + 3 < ir0_end) {
+            if (ir0 + 3 < ir0_to) {
                 pf.a = src0_mat + (ir0 + 2) * nb01;
                 pf.b = src0_mat + (ir0 + 3) * nb01;
             }
             for (int t = 0; t < nc; t += SB_F16_PAIR_TILE) {
                 const int nt = nc - t < SB_F16_PAIR_TILE ? nc - t : SB_F16_PAIR_TILE;
-                pf.o = (int64_t) 4 * n * (t / SB_F16_PAIR_TILE) / ntiles;
-                pf.o_end = (int64_t) 4 * n * (t / SB_F16_PAIR_TILE + 1) / ntiles;
+                pf.o = (int64_t) 4 * nk * (t / SB_F16_PAIR_TILE) / ntiles;
+                pf.o_end = (int64_t) 4 * nk * (t / SB_F16_PAIR_TILE + 1) / ntiles;
                 if (even) {
-                    sb_f16_tiles2(n, x0, x1, buf + (size_t) t * ldy, ldy, d[t] + ir0, nc > 1 ? (size_t) (d[1] - d[0]) : 0, nt, pf);
+                    sb_f16_tiles2(nk, x0, x1, buf + (size_t) t * ldy, ldy, d[t] + ir0, nc > 1 ? (size_t) (d[1] - d[0]) : 0, nt, pf);
                 } else {
                     float out[2 * SB_F16_PAIR_TILE];
-                    sb_f16_tiles2(n, x0, x1, buf + (size_t) t * ldy, ldy, out, 2, nt, pf);
+                    sb_f16_tiles2(nk, x0, x1, buf + (size_t) t * ldy, ldy, out, 2, nt, pf);
                     for (int j = 0; j < nt; ++j) {
                         d[t + j][ir0] = out[2 * j];
                         d[t + j][ir0 + 1] = out[2 * j + 1];
@@ -432,23 +458,23 @@ bool ggml_smallbatch_f16_chunk(const struct ggml_tensor * dst, const void * wdat
             }
         }
 #endif
-        for (; ir0 < ir0_end; ++ir0) {
+        for (; ir0 < ir0_to; ++ir0) {
             const ggml_fp16_t * x = (const ggml_fp16_t *) (src0_mat + ir0 * nb01);
             // the next row fetched while this one computes, as for pairs above
             const int ntiles = (nc + SB_F16_TILE - 1) / SB_F16_TILE;
             struct sb_f16_pf pf = {NULL, NULL, 0, 0};
-            if (ir0 + 1 < ir0_end) {
+            if (ir0 + 1 < ir0_to) {
                 pf.a = src0_mat + (ir0 + 1) * nb01;
             }
             for (int t = 0; t < nc; t += SB_F16_TILE) {
                 const int nt = nc - t < SB_F16_TILE ? nc - t : SB_F16_TILE;
-                pf.o = (int64_t) 2 * n * (t / SB_F16_TILE) / ntiles;
-                pf.o_end = (int64_t) 2 * n * (t / SB_F16_TILE + 1) / ntiles;
+                pf.o = (int64_t) 2 * nk * (t / SB_F16_TILE) / ntiles;
+                pf.o_end = (int64_t) 2 * nk * (t / SB_F16_TILE + 1) / ntiles;
                 if (even) {
-                    sb_f16_tiles(n, x, buf + (size_t) t * ldy, ldy, d[t] + ir0, nc > 1 ? (size_t) (d[1] - d[0]) : 0, nt, pf);
+                    sb_f16_tiles(nk, x, buf + (size_t) t * ldy, ldy, d[t] + ir0, nc > 1 ? (size_t) (d[1] - d[0]) : 0, nt, pf);
                 } else {
                     float out[SB_F16_TILE];
-                    sb_f16_tiles(n, x, buf + (size_t) t * ldy, ldy, out, 1, nt, pf);
+                    sb_f16_tiles(nk, x, buf + (size_t) t * ldy, ldy, out, 1, nt, pf);
                     for (int j = 0; j < nt; ++j) {
                         d[t + j][ir0] = out[j];
                     }

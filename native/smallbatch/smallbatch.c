@@ -4,6 +4,7 @@
 
 #include "ggml-impl.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 bool ggml_smallbatch_enabled(void) {
@@ -129,6 +130,47 @@ bool ggml_smallbatch_claims(const struct ggml_tensor * dst) {
     }
     return (src1->ne[1] > 1 || ggml_smallbatch_takes_one_row(src0->type)) &&
            src1->ne[2] == 1 && src1->ne[3] == 1 && ggml_smallbatch_kernel(src0->type) != NULL;
+}
+
+static __thread const struct ggml_tensor * sb_kq_dst = NULL;  // the mat-mul this thread's count is for
+static __thread int64_t                     sb_kq_visible = 0;
+
+void ggml_smallbatch_node_begin(const struct ggml_tensor * node, const struct ggml_tensor * next) {
+    sb_kq_dst = NULL;
+    if (node->op != GGML_OP_MUL_MAT || node->src[0]->type != GGML_TYPE_F16 || next == NULL ||
+        next->op != GGML_OP_SOFT_MAX || next->src[0] != node || next->src[1] == NULL || !ggml_smallbatch_claims(node)) {
+        return;
+    }
+    const struct ggml_tensor * mask = next->src[1];
+    if ((mask->type != GGML_TYPE_F32 && mask->type != GGML_TYPE_F16) || mask->ne[0] < node->ne[0]) {
+        return;
+    }
+    // softmax row (i1, i2, i3) of node adds mask row (i1, i2 % ne[2], i3 % ne[3]): every mask row that any
+    // of node's rows uses is among these, and a cell is visible where any of them is not -inf
+    const int64_t ncells = node->ne[0];
+    const int64_t nrows  = node->ne[1] < mask->ne[1] ? node->ne[1] : mask->ne[1];
+    int64_t visible = 0;
+    for (int64_t i3 = 0; i3 < mask->ne[3] && visible < ncells; ++i3) {
+        for (int64_t i2 = 0; i2 < mask->ne[2] && visible < ncells; ++i2) {
+            for (int64_t i1 = 0; i1 < nrows && visible < ncells; ++i1) {
+                const char * row = (const char *) mask->data + i1 * mask->nb[1] + i2 * mask->nb[2] + i3 * mask->nb[3];
+                for (int64_t j = ncells; j > visible; --j) {
+                    const float m = mask->type == GGML_TYPE_F32 ? ((const float *) row)[j - 1]
+                                                                : GGML_FP16_TO_FP32(((const ggml_fp16_t *) row)[j - 1]);
+                    if (!(isinf(m) && m < 0)) {
+                        visible = j;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    sb_kq_dst     = node;
+    sb_kq_visible = visible;
+}
+
+int64_t ggml_smallbatch_kq_cells(const struct ggml_tensor * dst) {
+    return dst == sb_kq_dst ? sb_kq_visible : dst->ne[0];
 }
 
 int64_t ggml_smallbatch_columns(const struct ggml_tensor * dst, const void * wdata, size_t row_size, bool src1_packed,

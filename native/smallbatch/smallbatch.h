@@ -188,6 +188,20 @@ bool ggml_smallbatch_has_f16(void);
 bool ggml_smallbatch_f16_chunk(const struct ggml_tensor * dst, const void * wdata, size_t row_size, bool src1_packed,
                                int64_t ir0_start, int64_t ir0_end, int64_t ir1_start, int64_t ir1_end);
 
+// Attention's cache cells that no query row of a pass can see. llama.cpp pads the cells a pass attends over
+// to a multiple of 256 (n_kv: 768 cells when 513-768 are in use), and a softmax's mask leaves the padding
+// out, so each pass computed K x Q and V x softmax(KQ) over up to 255 cells whose weights come out 0.
+// ggml-cpu.c calls ggml_smallbatch_node_begin(node, next) in each thread before it computes a node (next:
+// the graph's following node or NULL). Where the node is an F16 mat-mul that the small-batch path takes and
+// next the masked softmax of its result, the thread notes how many leading cells any row of the mask leaves
+// visible; ggml_smallbatch_kq_cells(dst) is that count for that mat-mul (else dst->ne[0], every cell).
+// The F16 kernel writes 0 for the other cells' K x Q (the mask makes them -inf whatever they hold, and
+// their weights exactly 0, as before) and stops V x softmax(KQ) at the 64-value step past the last weight
+// that is not 0: the steps left out would have added only products with a weight of 0, so every result is
+// the same float (smallbatch-f16.c, docs/kernels.md).
+void    ggml_smallbatch_node_begin(const struct ggml_tensor * node, const struct ggml_tensor * next);
+int64_t ggml_smallbatch_kq_cells(const struct ggml_tensor * dst);
+
 // The dst columns (src1 rows) one kernel call takes, from column c0 of [c0, c_end): up to `max` consecutive
 // ones that multiply the same src0 matrix (src0 broadcast over dims 2-3). Fills y[i] (their rows in `wdata`,
 // laid out as ggml_smallbatch_mul_mat_chunk's arguments say), d[i] (their dst columns) and *src0_mat (the

@@ -388,12 +388,18 @@ static int check_f16(void) {
     srand(7);
     for (int a = 0; a < 6; ++a) {
         for (int b = 0; b < 4; ++b) {
-            for (int gap = 0; gap < 2; ++gap) {
+            // mode 1: a gap between dst's matrices; 2: the src1 rows 0 from a third of the way on (V x softmax's
+            // weights past the visible cells), and a softmax after dst whose mask leaves out the last 11 rows
+            for (int mode = 0; mode < 3; ++mode) {
+                const int gap = mode == 1, tail = mode == 2;
                 const int n = ns[a], k = ks[b];
                 ggml_fp16_t * x = malloc(sizeof(ggml_fp16_t) * n * rows * heads_kv);
                 ggml_fp16_t * y = malloc(sizeof(ggml_fp16_t) * n * k * heads);
                 for (int64_t i = 0; i < n * rows * heads_kv; ++i) x[i] = ggml_fp32_to_fp16((float) rand() / RAND_MAX * 2 - 1);
                 for (int64_t i = 0; i < n * k * heads; ++i) y[i] = ggml_fp32_to_fp16((float) rand() / RAND_MAX * 4 - 2);
+                for (int64_t i = 0; tail && i < n * k * heads; ++i) {
+                    if (i % n > n / 3) y[i] = ggml_fp32_to_fp16(0.0f);
+                }
                 const int64_t plane = rows * k + (gap ? 3 : 0);  // floats between dst's matrices
                 float * out = malloc(sizeof(float) * plane * heads);
                 memset(out, 0xff, sizeof(float) * plane * heads);
@@ -404,22 +410,39 @@ static int check_f16(void) {
                 s1.nb[0] = 2; s1.nb[1] = 2 * n; s1.nb[2] = 2 * n * k; s1.nb[3] = s1.nb[2] * heads; s1.data = y;
                 d.type = GGML_TYPE_F32; d.ne[0] = rows; d.ne[1] = k; d.ne[2] = heads; d.ne[3] = 1;
                 d.nb[0] = 4; d.nb[1] = 4 * rows; d.nb[2] = 4 * plane; d.nb[3] = d.nb[2] * heads; d.data = out;
-                d.src[0] = &s0; d.src[1] = &s1;
+                d.src[0] = &s0; d.src[1] = &s1; d.op = GGML_OP_MUL_MAT;
+                const int64_t visible = tail ? rows - 11 : rows;
+                float * mask_data = malloc(sizeof(float) * rows * k);
+                for (int64_t i = 0; i < rows * k; ++i) mask_data[i] = i % rows < visible ? 0.0f : -INFINITY;
+                struct ggml_tensor mask = {0}, soft_max = {0};
+                mask.type = GGML_TYPE_F32; mask.ne[0] = rows; mask.ne[1] = k; mask.ne[2] = 1; mask.ne[3] = 1;
+                mask.nb[0] = 4; mask.nb[1] = 4 * rows; mask.nb[2] = mask.nb[3] = 4 * rows * k; mask.data = mask_data;
+                soft_max.op = GGML_OP_SOFT_MAX; soft_max.src[0] = &d; soft_max.src[1] = &mask;
+                ggml_smallbatch_node_begin(&d, tail ? &soft_max : NULL);
+                if (ggml_smallbatch_kq_cells(&d) != visible) {
+                    printf("check F16 n=%d rows=%d: %lld visible cells noted, not %lld\n", n, k,
+                           (long long) ggml_smallbatch_kq_cells(&d), (long long) visible);
+                    bad++;
+                }
                 // two chunks of rows, as two threads take them
                 if (!ggml_smallbatch_f16_chunk(&d, y, 2 * n, true, 0, 17, 0, k * heads) ||
                     !ggml_smallbatch_f16_chunk(&d, y, 2 * n, true, 17, rows, 0, k * heads)) {
                     printf("check F16: no kernel in this build\n");
                     return 1;
                 }
+                ggml_smallbatch_node_begin(&d, NULL);
+                free(mask_data);
                 int diff = 0;
                 for (int64_t h = 0; h < heads; ++h)
                     for (int64_t t = 0; t < k; ++t)
                         for (int64_t r = 0; r < rows; ++r) {
                             float ref;
                             ggml_vec_dot_f16(n, &ref, 0, x + (h / (heads / heads_kv)) * n * rows + r * n, 0, y + (h * k + t) * n, 0, 1);
+                            if (r >= visible) ref = 0.0f;  // masked: written as 0
                             diff += memcmp(&ref, out + h * plane + t * rows + r, sizeof(float)) != 0;
                         }
-                printf("check F16 n=%d rows=%d%s: %s\n", n, k, gap ? " (gap in dst)" : "", diff ? "DIFFERS" : "bit-identical");
+                printf("check F16 n=%d rows=%d%s: %s\n", n, k, gap ? " (gap in dst)" : tail ? " (weights 0 past n/3, last 11 rows masked)" : "",
+                       diff ? "DIFFERS" : "bit-identical");
                 bad += diff;
                 free(x); free(y); free(out);
             }
