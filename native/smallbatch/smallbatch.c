@@ -141,8 +141,11 @@ void ggml_smallbatch_node_begin(const struct ggml_tensor * node, const struct gg
         next->op != GGML_OP_SOFT_MAX || next->src[0] != node || next->src[1] == NULL || !ggml_smallbatch_claims(node)) {
         return;
     }
+    // the mask must be a graph input (its data set before the graph runs): a mask computed by a node of the
+    // graph could come after this one in the graph's order, and its data would not be there yet
     const struct ggml_tensor * mask = next->src[1];
-    if ((mask->type != GGML_TYPE_F32 && mask->type != GGML_TYPE_F16) || mask->ne[0] < node->ne[0]) {
+    if (mask->op != GGML_OP_NONE || (mask->type != GGML_TYPE_F32 && mask->type != GGML_TYPE_F16) ||
+        mask->ne[0] < node->ne[0]) {
         return;
     }
     // softmax row (i1, i2, i3) of node adds mask row (i1, i2 % ne[2], i3 % ne[3]): every mask row that any
