@@ -270,6 +270,8 @@ def measure_e2e(model: str, args: argparse.Namespace) -> None:
           f"| small-batch / {base} |")
     print("|---|---|---|---|---|---|---|---|")
     for gname, ps in groups.items():
+        if not ps:  # --edit-prompts 0 or --open-prompts 0
+            continue
         for c in configs:
             rate = {}
             for k in children:
@@ -355,6 +357,9 @@ def main(argv: list[str] | None = None) -> int:
         return run_command(lambda: child(args.child, parse_rows(args.rows), args.threads, args.flash_attn, args.at))
     if args.rounds < 1 or args.repeats < 1 or args.max_tokens < 1:
         print("error: --rounds, --repeats and --max-tokens must be at least 1", file=sys.stderr)
+        return 2
+    if args.edit_prompts < 0 or args.open_prompts < 0 or args.edit_prompts + args.open_prompts < 1:
+        print("error: --edit-prompts and --open-prompts must not be negative, and one must be at least 1", file=sys.stderr)
         return 2
 
     def run() -> int:

@@ -320,6 +320,14 @@ def test_benchmark_baseline_env_is_name_value():
             baseline_env(argparse.Namespace(baseline_env=[bad]))
 
 
+def test_benchmark_refuses_e2e_without_prompts(capsys):
+    from benchmarks.verify_kernels import main
+
+    assert main(["--e2e", "--edit-prompts", "0", "--open-prompts", "0"]) == 2
+    assert "one must be at least 1" in capsys.readouterr().err
+    assert main(["--e2e", "--open-prompts", "-1"]) == 2
+
+
 def _started_at(pid: int) -> int:
     """When process `pid` started, in clock ticks since boot (field 22 of /proc/PID/stat)."""
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
