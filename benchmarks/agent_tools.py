@@ -46,7 +46,9 @@ def start_server(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen,
     deadline = time.monotonic() + args.start_timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"error: the server exited (status {proc.returncode}); its log: {log}")
+            lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.startswith("error: ")]
+            why = f": {lines[-1][len('error: '):]}" if lines else ""
+            raise SystemExit(f"error: the server exited (status {proc.returncode}){why}; its log: {log}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
                 return proc, f"http://127.0.0.1:{port}/v1"

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from edgespec.models.loader import RuntimeOptions
 from edgespec.runtime import llama as runtime
+from edgespec.runtime.errors import run_command
 from edgespec.runtime.exactness import first_divergence
 from edgespec.service.session import Request, Session
 from edgespec.service.suites import load_suites
@@ -71,4 +71,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run_command(main))  # a bad model name: one line, exit 1

@@ -21,6 +21,7 @@ import numpy as np
 from edgespec.core.grammar import GRAMMAR, Constraint
 from edgespec.core.sampling import constrain
 from edgespec.models import resolve_local
+from edgespec.runtime.errors import run_command
 from edgespec.runtime.grammar import grammar_tokenizer
 from edgespec.runtime.llama import Model
 from edgespec.service.session import Request, Session
@@ -99,4 +100,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    raise SystemExit(run_command(lambda: main(sys.argv[1:])))  # a bad model name: one line, exit 1

@@ -32,7 +32,9 @@ from edgespec.core.costs import CostModel
 from edgespec.core.drafters.ngram import NgramDrafter
 from edgespec.core.engine import FixedGamma, GammaPolicy, propose_draft
 from edgespec.core.stats import Stats
+from edgespec.models import resolve
 from edgespec.models.loader import RuntimeOptions
+from edgespec.runtime.errors import EdgeSpecError, run_command
 from edgespec.runtime.firstrun import cache_dir
 from edgespec.service.bench.runner import BENCH_MAX_TOKENS
 from edgespec.service.session import Request, Session, frame
@@ -238,6 +240,9 @@ def main(argv: list[str]) -> int:
                     help="replay the bench's grounded prompts instead (check, not design)")
     args = ap.parse_args(argv)
     prompts = grounded_prompts() if args.bench_prompts else held_out(args.grounded, args.open)
+    if not prompts:
+        raise EdgeSpecError("no prompts to replay: --grounded and --open are both 0")
+    resolve(args.target)  # an unknown name: one line before any recording
     rows = record(args.target, prompts, args.max_tokens, args.threads)
     if args.table:
         table = chain_table(rows)
@@ -277,4 +282,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    raise SystemExit(run_command(lambda: main(sys.argv[1:])))  # a bad model name: one line, exit 1

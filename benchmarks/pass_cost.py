@@ -17,6 +17,7 @@ from collections import defaultdict
 
 from edgespec.models.loader import RuntimeOptions
 from edgespec.runtime import profiles
+from edgespec.runtime.errors import run_command
 from edgespec.service.session import Request, Session
 from edgespec.service.suites import grounded_prompts
 
@@ -62,4 +63,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    raise SystemExit(run_command(lambda: main(sys.argv[1:])))  # a bad model name: one line, exit 1

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from collections import defaultdict
 
 from edgespec.models.loader import RuntimeOptions
+from edgespec.runtime.errors import run_command
 from edgespec.service.session import Request, Session
 from edgespec.service.suites import load_suite, shipped_suites
 
@@ -107,4 +107,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run_command(main))  # a bad model name: one line, exit 1

@@ -33,7 +33,8 @@ def run(target: str, draft: str, threads: int | None, max_tokens: int) -> dict:
         cmd += ["--threads", str(threads)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=ROOT)
     if res.returncode != 0:
-        raise SystemExit(f"error: {res.stderr.strip().splitlines()[-1] if res.stderr.strip() else res.returncode}")
+        last = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"the app exited ({res.returncode})"
+        raise SystemExit(last if last.startswith("error: ") else f"error: {last}")
     out = json.loads(res.stdout)
     return {"tok_s": out["stats"]["tokens_per_s"], "threads": out["backend"]["threads"]}
 

@@ -58,3 +58,22 @@ def test_alternative_is_another_occurrence_with_a_different_next_token():
     assert alternative(ctx, 2, first=2, m=2) == [1, 7]
     assert alternative(ctx, 2, first=1, m=2) == [2, 9]
     assert alternative(ctx, 3, first=2, m=2) == []
+
+
+def test_the_benchmarks_refuse_bad_input_in_one_line():
+    """An unknown model (or nothing to replay) is a one-line error and exit 1, not a traceback."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    cases = [("exact_check", "--models"), ("grammar_mask", "--target"), ("ngram_replay", "--target"),
+             ("pass_cost", "--target"), ("short_open", "--target")]
+    for module, option in cases:
+        res = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", option, "no-such-model"], cwd=root,
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 1 and "Traceback" not in res.stderr, (module, res.stderr[-2000:])
+        assert res.stderr.strip().splitlines()[-1].startswith("error: unknown model 'no-such-model'"), (module, res.stderr)
+    res = subprocess.run([sys.executable, "-m", "benchmarks.ngram_replay", "--grounded", "0", "--open", "0"], cwd=root,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1 and res.stderr.strip() == "error: no prompts to replay: --grounded and --open are both 0"
