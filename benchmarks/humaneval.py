@@ -110,12 +110,12 @@ def start(args: argparse.Namespace, kernels: str, log: Path) -> tuple[subprocess
     return wait_healthy(proc, port, log, args.start_timeout), port
 
 
-def ask(port: int, config: str, problem: dict, max_tokens: int, args_model: str = "") -> dict:
+def ask(port: int, config: str, problem: dict, max_tokens: int) -> dict:
     import openai
 
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=f"humaneval-{config}", max_retries=0,
                            timeout=1800)
-    r = client.chat.completions.create(model=args_model, messages=[{"role": "user", "content": question(problem)}],
+    r = client.chat.completions.create(model="", messages=[{"role": "user", "content": question(problem)}],
                                        max_tokens=max_tokens, temperature=0, extra_body={"draft": config})
     t = r.model_extra["timings"]
     return {"text": r.choices[0].message.content or "", "n": t["predicted_n"], "ms": t["predicted_ms"],
