@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 from edgespec.core.grammar import GRAMMAR
 from edgespec.service.structured import (
     StructuredOutputError,
+    closed_objects,
     json_object_grammar,
     json_schema_grammar,
     lark_grammar,
@@ -66,6 +67,50 @@ def test_strict_refuses_what_the_engine_does_not_enforce_and_lenient_ignores_it(
     assert json_object_grammar()
 
 
+def test_objects_that_list_properties_admit_only_those_keys_unless_they_say_otherwise():
+    schema = {"type": "object",
+              "properties": {"who": {"type": "object", "properties": {"name": {"type": "string"}}},
+                             "tags": {"type": "array", "items": {"properties": {"k": {}}}},
+                             "alt": {"anyOf": [{"properties": {"z": {}}}, {"type": "null"}]},
+                             "free": {"type": "object", "properties": {"q": {}}, "additionalProperties": True},
+                             "pat": {"properties": {"q": {}}, "patternProperties": {"^x": {}}},
+                             "any": {"type": "object"},
+                             "ref": {"$ref": "#/$defs/Alone"},
+                             "both": {"allOf": [{"$ref": "#/$defs/Base"}, {"properties": {"w": {}}}]},
+                             "one": {"allOf": [{"properties": {"v": {}}}]}},
+              "$defs": {"Alone": {"properties": {"a": {}}}, "Base": {"properties": {"id": {}}}}}
+    closed = closed_objects(schema)
+    props = closed["properties"]
+    assert closed["additionalProperties"] is False
+    assert props["who"]["additionalProperties"] is False
+    assert props["tags"]["items"]["additionalProperties"] is False
+    assert props["alt"]["anyOf"][0]["additionalProperties"] is False
+    assert props["free"]["additionalProperties"] is True  # asked for other keys
+    assert "additionalProperties" not in props["pat"]  # says which other keys it takes
+    assert "additionalProperties" not in props["any"]  # lists no properties: any object
+    assert closed["$defs"]["Alone"]["additionalProperties"] is False
+    assert props["one"]["allOf"][0]["additionalProperties"] is False  # a single member intersects nothing
+    # an intersection keeps its members open, and the definitions they refer to
+    assert "additionalProperties" not in props["both"]["allOf"][1]
+    assert "additionalProperties" not in closed["$defs"]["Base"]
+    assert "additionalProperties" not in schema and "additionalProperties" not in schema["properties"]["who"]
+
+
+def test_a_schema_grammar_refuses_keys_the_schema_does_not_list(smollm2):
+    from llguidance.llamacpp import lltokenizer_from_vocab
+
+    from tests.test_tools import matcher_accepts
+
+    tok = lltokenizer_from_vocab(smollm2._vocab)
+    person = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"]}
+    ok, more = '{"name": "Ann", "age": 31}', '{"name": "Ann", "age": 31, "email": "ann@x.org"}'
+    assert matcher_accepts(tok, json_schema_grammar(person), smollm2, ok)
+    assert not matcher_accepts(tok, json_schema_grammar(person), smollm2, more)
+    assert matcher_accepts(tok, json_schema_grammar({**person, "additionalProperties": True}), smollm2, more)
+    assert matcher_accepts(tok, json_object_grammar(), smollm2, more)
+
+
 def test_lark_grammar_is_checked():
     assert lark_grammar('start: "yes" | "no"')
     with pytest.raises(StructuredOutputError, match="the grammar"):
@@ -100,7 +145,7 @@ def test_openai_parse_with_a_pydantic_model_returns_a_valid_object(served):
 
 def test_every_reply_is_valid_under_its_schema_and_forced_tokens_are_drafted(served):
     # what OpenAI's strict mode takes (and its client sends for a Pydantic model): no properties beyond the
-    # schema's; without it the schema admits any further keys, and a 135M model may write them to max_tokens
+    # schema's (a schema that says nothing of other keys is read so too: closed_objects)
     strict = {**Ticket.model_json_schema(), "additionalProperties": False}
     schema = {"type": "json_schema", "json_schema": {"name": "ticket", "schema": strict, "strict": True}}
     forced = 0

@@ -195,6 +195,14 @@ def test_the_grammar_admits_a_call_of_the_named_function_with_schema_arguments(s
     assert not matcher_accepts(tok, one.grammar, smollm2, CALL.replace('"Paris"', "3"))  # city must be a string
     assert not matcher_accepts(tok, one.grammar, smollm2, CALL.replace('"city"', '"town"'))  # city is required
     assert not matcher_accepts(tok, one.grammar, smollm2, "Sure! " + CALL)  # no text before the call
+    # a key the parameters do not list (they say nothing of others: closed, as llama.cpp's server reads them)
+    assert not matcher_accepts(tok, one.grammar, smollm2, CALL.replace('"Paris"}', '"Paris", "type": "object"}'))
+    open_ = {"type": "function", "function": {**WEATHER["function"], "parameters": {
+        **WEATHER["function"]["parameters"], "additionalProperties": True}}}
+    other = with_tool_grammar(smollm2, Request(messages=[{"role": "user", "content": "hi"}], tools=[open_],
+                                               tool_choice="required"))
+    assert matcher_accepts(tok, other.grammar, smollm2, CALL.replace('"Paris"}', '"Paris", "type": "object"}'))
+    assert "additionalProperties" not in WEATHER["function"]["parameters"]  # the caller's tools are left as they are
     any_ = with_tool_grammar(smollm2, Request(messages=[{"role": "user", "content": "hi"}], tools=[WEATHER, TIME],
                                               tool_choice="required", parallel_tool_calls=True))
     both = CALL + '\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'

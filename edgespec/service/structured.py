@@ -7,6 +7,12 @@ part of the schema, not a failure in the middle of a reply.
 JSON is laid out in one fixed way, `{"key": value, "key": value}` (", " between items, ": " after
 keys, no other whitespace): what small models write on one line, and the layout that lets a
 schema's keys and punctuation be forced tokens the engine drafts for free (docs/structured_output.md).
+
+An object schema that lists `properties` and says nothing of other keys (no `additionalProperties`,
+`patternProperties` or `unevaluatedProperties`) admits only the keys it lists, as llama.cpp's server
+and xgrammar (vLLM) read such schemas: JSON Schema itself would admit any further key, and a small
+model then writes keys the caller never asked for, or writes them on until max_tokens cuts the JSON
+off. `"additionalProperties": true` (or a schema) asks for further keys (`closed_objects`).
 """
 
 from __future__ import annotations
@@ -35,11 +41,70 @@ def json_schema_grammar(schema: dict, *, strict: bool = True) -> str:
         raise StructuredOutputError(f"a JSON schema must be an object, got {type(schema).__name__}")
     try:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(
-            schema, defaults=JSON_LAYOUT, overrides={"lenient": not strict})
+            closed_objects(schema), defaults=JSON_LAYOUT, overrides={"lenient": not strict})
     except (ValueError, TypeError) as exc:
         raise StructuredOutputError(f"the schema is not valid JSON: {_line(str(exc))}") from None
     _check(grammar, "the schema", schema)
     return grammar
+
+
+# the keywords that say which keys beyond `properties` an object schema admits
+_OTHER_KEYS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+# keywords whose value is a schema, or a list or a map of schemas, that an instance's value is held to
+_SUBSCHEMA = ("additionalProperties", "items", "contains", "not", "propertyNames", "unevaluatedItems")
+_SUBSCHEMA_LISTS = ("prefixItems", "anyOf", "oneOf")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+
+
+def closed_objects(schema: Any) -> Any:
+    """A copy of `schema` in which every object schema that lists `properties` and says nothing of
+    other keys has `"additionalProperties": false` (module docstring); `schema` itself is left as it
+    is. Left open, so that no intersection loses an instance: the members of an `allOf` of two or more
+    schemas, a schema with an `allOf` or a `$ref` beside its `properties`, and the definitions such
+    members refer to."""
+    shared = set()  # "$ref"s used by members of an allOf of two or more: they are intersected
+    _refs_in_intersections(schema, shared)
+    return _close(schema, True, "#", shared)
+
+
+def _refs_in_intersections(node: Any, out: set) -> None:
+    if isinstance(node, dict):
+        members = node.get("allOf")
+        if isinstance(members, list) and len(members) > 1:
+            for m in members:
+                if isinstance(m, dict) and isinstance(m.get("$ref"), str):
+                    out.add(m["$ref"])
+        for value in node.values():
+            _refs_in_intersections(value, out)
+    elif isinstance(node, list):
+        for value in node:
+            _refs_in_intersections(value, out)
+
+
+def _close(node: Any, closable: bool, pointer: str, shared: set) -> Any:
+    if not isinstance(node, dict):
+        return node
+    out = dict(node)
+    for key in _SUBSCHEMA:
+        if isinstance(node.get(key), dict):
+            out[key] = _close(node[key], True, f"{pointer}/{key}", shared)
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(node.get(key), list):
+            out[key] = [_close(v, True, f"{pointer}/{key}/{i}", shared) for i, v in enumerate(node[key])]
+    if isinstance(node.get("items"), list):  # draft 4-7's tuple form
+        out["items"] = [_close(v, True, f"{pointer}/items/{i}", shared) for i, v in enumerate(node["items"])]
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(node.get(key), dict):
+            out[key] = {name: _close(v, key not in ("$defs", "definitions") or f"{pointer}/{key}/{_escape(name)}"
+                                     not in shared, f"{pointer}/{key}/{_escape(name)}", shared)
+                        for name, v in node[key].items()}
+    members = node.get("allOf")
+    if isinstance(members, list):
+        out["allOf"] = [_close(v, len(members) == 1, f"{pointer}/allOf/{i}", shared) for i, v in enumerate(members)]
+    if (closable and isinstance(node.get("properties"), dict) and not any(k in node for k in _OTHER_KEYS)
+            and "allOf" not in node and "$ref" not in node):
+        out["additionalProperties"] = False
+    return out
 
 
 def json_object_grammar() -> str:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from edgespec.runtime.errors import EdgeSpecError
-from edgespec.service.structured import JSON_LAYOUT
+from edgespec.service.structured import JSON_LAYOUT, closed_objects
 
 if TYPE_CHECKING:
     from edgespec.runtime.llama import Model
@@ -316,13 +316,14 @@ def tool_call_grammar(tools: Sequence[dict], name: str | None = None, *, paralle
                       tags_are_tokens: bool = False) -> str:
     """An llguidance lark grammar for one call (or several, one after another, with `parallel`) of
     the function `name`, or of any of `tools` when None: the call format above, the arguments held to
-    the function's `parameters` schema. `tags_are_tokens`: the model's vocabulary has <tool_call> and
-    </tool_call> as single special tokens (Qwen2.5), which the grammar must then name as tokens."""
+    the function's `parameters` schema, its objects closed to keys they do not list unless they say
+    otherwise (`structured.closed_objects`). `tags_are_tokens`: the model's vocabulary has <tool_call>
+    and </tool_call> as single special tokens (Qwen2.5), which the grammar must then name as tokens."""
     fns = [t["function"] for t in tools if name is None or t["function"]["name"] == name]
     if not fns:
         raise EdgeSpecError(f"no tool is named {name!r}")
     calls = [{"type": "object",
-              "properties": {"name": {"const": f["name"]}, "arguments": f.get("parameters") or EMPTY_PARAMETERS},
+              "properties": {"name": {"const": f["name"]}, "arguments": closed_objects(f.get("parameters") or EMPTY_PARAMETERS)},
               "required": ["name", "arguments"], "additionalProperties": False} for f in fns]
     schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
     # the layout every schema gets (structured.JSON_LAYOUT, the one the call format shows): without
