@@ -147,8 +147,21 @@ def test_a_base_model_chats_and_stops_at_the_next_user_turn(gemma_path):
         assert len(reply.tokens) == len(reply.sources) == len(reply.pieces) and reply.text == "".join(reply.pieces)
         d = reply.to_dict()
         assert d["stats"]["generated"] >= len(reply.tokens) and d["backend"]["cpu_variant"]
+        # the server's ignore_eos: past the end of the turn, to max_tokens (the next "User:" is text then)
+        ask = Request(messages=[{"role": "user", "content": "Write a very long story about a dragon."}], max_tokens=48)
+        ended = session.run(ask)
+        assert ended.finish_reason == "stop" and len(ended.tokens) < 48, ended.text
+        on = session.run(replace(ask, stop_at_eog=False))
+        assert on.finish_reason == "length" and len(on.tokens) == 48 and on.text.startswith(ended.text)
+        assert on.tokens[: len(ended.tokens)] == ended.tokens
     finally:
         session.close()
+
+
+def test_generating_past_the_turn_keeps_the_requests_own_stop_strings():
+    assert Request(text="Hi", stop_at_eog=False).config((TRANSCRIPT_STOP,)).stop_strings == ()
+    assert Request(text="Hi", stop=("END",), stop_at_eog=False).config((TRANSCRIPT_STOP,)).stop_strings == ("END",)
+    assert Request(text="Hi", stop=("END",)).config((TRANSCRIPT_STOP,)).stop_strings == ("END", TRANSCRIPT_STOP)
 
 
 def test_stop_strings_cut_inside_tokens_and_count_to_their_end(smollm2_path):

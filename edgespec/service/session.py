@@ -126,7 +126,10 @@ class Request:
     verifier: str = VERIFIERS[0]
     stop: tuple[str, ...] = ()  # generation ends before any of these strings
     reuse_prefix: bool = True  # keep the cached prefix of the prompt (False: prefill all of it)
-    stop_at_eog: bool = True  # False: an end-of-generation token is just another token
+    # False: an end-of-generation token is just another token, and the framing's own end of a turn (a
+    # base model's next "User:" line, Framed.stop) no stop either: llama-server's ignore_eos, which load
+    # tests and benchmarks send to get max_tokens tokens; the request's own `stop` strings still end it
+    stop_at_eog: bool = True
     # Whose request it is ('' = this machine's user; the server: a digest of the client's API key):
     # one owner's earlier answers never draft for another, and one owner's cached prompt is never
     # reused for another (Session).
@@ -190,10 +193,11 @@ class Request:
 
     def config(self, stop: tuple[str, ...] = ()) -> GenerationConfig:
         """The engine's settings for this request; `stop`: stop strings to add to the request's own
-        (those of its framing, Framed.stop)."""
+        (those of its framing, Framed.stop), unless the request generates past the end of its turn
+        (stop_at_eog False)."""
         return GenerationConfig(max_tokens=self.max_tokens, sampling=self.sampling, verifier=self.verifier,
                                 reuse_prefix=self.reuse_prefix, stop_at_eog=self.stop_at_eog,
-                                stop_strings=self.stop + stop, logprobs=self.logprobs)
+                                stop_strings=self.stop + (stop if self.stop_at_eog else ()), logprobs=self.logprobs)
 
 
 class _Halt:

@@ -79,7 +79,7 @@ class Body(BaseModel):
     draft: str | None = None  # 'none' or the server's --draft
     gamma: str | int | None = None  # a number or 'auto'
     cache_prompt: bool = True  # llama-server's name: reuse the cached prefix
-    ignore_eos: bool = False  # llama-server's name: generate past end-of-generation tokens
+    ignore_eos: bool = False  # llama-server's name: generate past end-of-generation tokens (and the turn's end)
     prediction: Prediction | None = None  # predicted output: drafted from first where the answer follows it
 
 
