@@ -314,6 +314,19 @@ def baseline_env(args: argparse.Namespace) -> dict[str, str]:
     return out
 
 
+def refuse_spinning(args: argparse.Namespace) -> None:
+    """Refuse OpenMP settings under which a child's threads spin on while it waits for its next round:
+    the other child then times its round with a core taken (measured, OMP_WAIT_POLICY=active for the
+    baseline: the small-batch child's T(1) read 1.9x its time, docs/kernels.md), and the comparison is noise."""
+    for who, env in (("", os.environ), ("--baseline-env ", {**os.environ, **baseline_env(args)})):
+        policy = env.get("OMP_WAIT_POLICY", "").strip().lower()
+        spin = env.get("GOMP_SPINCOUNT", "").strip().lower()
+        if policy == "active" or spin in ("infinite", "infinity") or (spin.isdigit() and int(spin) >= 10**9):
+            name = "OMP_WAIT_POLICY" if policy == "active" else "GOMP_SPINCOUNT"
+            raise EdgeSpecError(f"{who}{name}={env[name]} keeps a waiting child's threads spinning while the other "
+                                "child times its round, so the two would slow each other; unset it")
+
+
 def median_run(runs: list[dict]) -> dict:
     """The repeat with the median tokens/s."""
     return sorted(runs, key=lambda o: o["tok_s"])[len(runs) // 2]
@@ -364,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def run() -> int:
         parse_rows(args.rows)
-        baseline_env(args)
+        refuse_spinning(args)
         for model in [m.strip() for m in args.models.split(",") if m.strip()]:
             (measure_e2e if args.e2e else measure)(model, args)
         return 0

@@ -320,6 +320,16 @@ def test_benchmark_baseline_env_is_name_value():
             baseline_env(argparse.Namespace(baseline_env=[bad]))
 
 
+def test_benchmark_refuses_threads_that_spin_while_they_wait(capsys, monkeypatch):
+    from benchmarks.verify_kernels import main
+
+    assert main(["--rows", "1", "--baseline-env", "OMP_WAIT_POLICY=active"]) == 1
+    assert "--baseline-env OMP_WAIT_POLICY=active keeps a waiting child's threads spinning" in capsys.readouterr().err
+    monkeypatch.setenv("GOMP_SPINCOUNT", "INFINITE")
+    assert main(["--rows", "1"]) == 1
+    assert "GOMP_SPINCOUNT=INFINITE" in capsys.readouterr().err
+
+
 def test_benchmark_refuses_e2e_without_prompts(capsys):
     from benchmarks.verify_kernels import main
 
