@@ -95,9 +95,11 @@ def _close(node: Any, closable: bool, pointer: str, shared: set) -> Any:
         out["items"] = [_close(v, True, f"{pointer}/items/{i}", shared) for i, v in enumerate(node["items"])]
     for key in _SUBSCHEMA_MAPS:
         if isinstance(node.get(key), dict):
-            out[key] = {name: _close(v, key not in ("$defs", "definitions") or f"{pointer}/{key}/{_escape(name)}"
-                                     not in shared, f"{pointer}/{key}/{_escape(name)}", shared)
-                        for name, v in node[key].items()}
+            definitions = key in ("$defs", "definitions")
+            out[key] = {}
+            for name, v in node[key].items():
+                here = f"{pointer}/{key}/{_escape(name)}"
+                out[key][name] = _close(v, not (definitions and here in shared), here, shared)
     members = node.get("allOf")
     if isinstance(members, list):
         out["allOf"] = [_close(v, len(members) == 1, f"{pointer}/allOf/{i}", shared) for i, v in enumerate(members)]
