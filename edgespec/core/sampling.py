@@ -27,9 +27,11 @@ DEFAULT_PENALTY_LAST_N = 64  # llama.cpp's repeat_last_n: the tokens repetition 
 @dataclass(frozen=True)
 class SamplingParams:
     """temperature 0 means greedy (argmax); top_k 0, top_p 1 and min_p 0 switch those filters off.
-    Repetition penalties (`penalize`) act on the logits before any of them: repeat_penalty 1 and
-    frequency/presence 0 are off; they look back over the last `penalty_last_n` tokens of the
-    context, prompt included (0: none, -1: all), as llama.cpp's do."""
+    The logit bias and the repetition penalties (`penalize`) act on the logits before any of them, the
+    bias first, as in llama.cpp's sampler chain: logit_bias holds (token id, value) pairs added to those
+    tokens' logits (-inf bans one); repeat_penalty 1 and frequency/presence 0 are off; the penalties look
+    back over the last `penalty_last_n` tokens of the context, prompt included (0: none, -1: all), as
+    llama.cpp's do."""
 
     temperature: float = 0.0
     top_k: int = 0
@@ -40,6 +42,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # minus this times the token's count in the window
     presence_penalty: float = 0.0  # minus this once for a token in the window
     penalty_last_n: int = DEFAULT_PENALTY_LAST_N
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit); ids checked against a vocabulary by the session
 
     def __post_init__(self) -> None:
         if self.seed is not None and self.seed < 0:
@@ -61,12 +64,22 @@ class SamplingParams:
                 raise EdgeSpecError(f"{name.replace('_', ' ')} must be a finite number, got {getattr(self, name)}")
         if self.penalty_last_n < -1:
             raise EdgeSpecError(f"the penalties' window must be >= 0 tokens, or -1 for all, got {self.penalty_last_n}")
+        for tok, value in self.logit_bias:
+            if tok < 0:
+                raise EdgeSpecError(f"logit bias: token id {tok} is negative")
+            if np.isnan(value) or value == np.inf:
+                raise EdgeSpecError(f"logit bias of token {tok} must be a number or -inf (a ban), got {value}")
+
+    @property
+    def repeats_penalized(self) -> bool:
+        """Whether the repetition penalties change anything."""
+        on = self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+        return on and self.penalty_last_n != 0
 
     @property
     def penalized(self) -> bool:
         """Whether `penalize` changes anything."""
-        on = self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
-        return on and self.penalty_last_n != 0
+        return bool(self.logit_bias) or self.repeats_penalized
 
     @property
     def greedy(self) -> bool:
@@ -103,13 +116,18 @@ class Noise:
 
 
 def penalize(logits: np.ndarray, context: Sequence[int], draft: Sequence[int], params: SamplingParams) -> np.ndarray:
-    """The verification rows [k+1, V] with the repetition penalties applied, row i given the tokens
-    before it: `context` and draft[:i] (llama.cpp's penalties sampler, on every row a target pass
-    scores, so speculation stays lossless with respect to the penalised distribution). `logits`
-    itself is returned when no penalty is set, else a float32 copy."""
+    """The verification rows [k+1, V] with the logit bias and then the repetition penalties applied,
+    row i given the tokens before it: `context` and draft[:i] (llama.cpp's logit-bias and penalties
+    samplers, on every row a target pass scores, so speculation stays lossless with respect to the
+    biased and penalised distribution). `logits` itself is returned when neither is set, else a
+    float32 copy."""
     if not params.penalized:
         return logits
     out = np.array(logits, dtype=np.float32)
+    if params.logit_bias:
+        add_bias(out, params)
+    if not params.repeats_penalized:
+        return out
     tokens = np.asarray([*context, *draft], dtype=np.int64)
     n = tokens.size if params.penalty_last_n < 0 else params.penalty_last_n
     for i in range(out.shape[0]):
@@ -119,6 +137,16 @@ def penalize(logits: np.ndarray, context: Sequence[int], draft: Sequence[int], p
         x = np.where(x <= 0, x * params.repeat_penalty, x / params.repeat_penalty)
         out[i, ids] = x - counts * params.frequency_penalty - params.presence_penalty
     return out
+
+
+def add_bias(rows: np.ndarray, params: SamplingParams) -> None:
+    """Add the logit bias to the last axis of `rows` ([V] or [n, V]) in place; a token listed twice
+    gets both values (llama.cpp's logit-bias sampler does the same). Ids past the rows' width are
+    skipped: a draft model's vocabulary may be a little shorter than its target's."""
+    width = rows.shape[-1]
+    for tok, value in params.logit_bias:
+        if tok < width:
+            rows[..., tok] += value
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:

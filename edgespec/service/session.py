@@ -237,6 +237,14 @@ class Framed:
     note: str | None = None  # something the user should know about how the prompt was fed
 
 
+def check_logit_bias(model: Model, sampling: SamplingParams) -> None:
+    """A logit bias names tokens of the target's vocabulary (an error naming the first that is not)."""
+    bad = next((t for t, _ in sampling.logit_bias if t >= model.n_vocab), None)
+    if bad is not None:
+        raise EdgeSpecError(f"logit bias: token id {bad} is not in {Path(model.path).name}'s vocabulary "
+                            f"(0..{model.n_vocab - 1})")
+
+
 def frame(model: Model, req: Request) -> Framed:
     """The one place a request's text or conversation becomes the target's tokens. A conversation
     that ends with an assistant message is framed up to the assistant's turn, followed by that
@@ -508,6 +516,7 @@ class Session:
         too (drafters/grammar.py)."""
         req = with_tool_grammar(self.target, req)
         framed = frame(self.target, req)
+        check_logit_bias(self.target, req.sampling)
         self._serve(req.owner)
         drafter = self.drafter(req.draft, req.ngram, req.owner)
         if req.prediction:

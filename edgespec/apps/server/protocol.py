@@ -6,6 +6,7 @@ answers them."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 import uuid
@@ -73,7 +74,7 @@ class Body(BaseModel):
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repeat_penalty: float | None = Field(None, gt=0.0, le=10.0)  # llama-server's names
     repeat_last_n: int | None = Field(None, ge=-1)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float | bool] | None = None  # token id -> -100..100 (OpenAI); false bans it (llama-server)
     response_format: dict[str, Any] | None = None
     # EdgeSpec / llama-server extensions
     draft: str | None = None  # 'none' or the server's --draft
@@ -268,8 +269,6 @@ def to_request(body: ChatBody | CompletionBody, defaults: Request, draft_spec: s
 def _unsupported(body: Body) -> None:
     if body.n != 1:
         raise ApiError(400, "n > 1 is not supported (one choice per request)", param="n")
-    if body.logit_bias:
-        raise ApiError(400, "logit_bias is not supported", param="logit_bias")
 
 
 def _logprobs(body: Body) -> int | None:
@@ -353,7 +352,30 @@ def _sampling(body: Body, s: SamplingParams) -> SamplingParams:
         s.frequency_penalty if body.frequency_penalty is None else body.frequency_penalty,
         s.presence_penalty if body.presence_penalty is None else body.presence_penalty,
         s.penalty_last_n if body.repeat_last_n is None else body.repeat_last_n,
+        s.logit_bias if body.logit_bias is None else _logit_bias(body.logit_bias),
     )
+
+
+LOGIT_BIAS_MAX = 100.0  # OpenAI's range for a bias, either way
+
+
+def _logit_bias(bias: dict[str, float | bool]) -> tuple[tuple[int, float], ...]:
+    """OpenAI's logit_bias (token ids as strings, each to a number from -100 to 100) as SamplingParams
+    takes it; `false` bans the token, as llama-server reads it. The ids are checked against the
+    model's vocabulary when the request is prepared (session.check_logit_bias)."""
+    out = []
+    for key, value in bias.items():
+        if not key.strip().isdigit():
+            raise ApiError(400, f"logit_bias: keys are token ids, got {key!r}", param="logit_bias")
+        if value is True:
+            raise ApiError(400, f"logit_bias[{key!r}]: a bias is a number from -100 to 100, or false to ban the token",
+                           param="logit_bias")
+        if value is False:
+            value = -math.inf
+        elif not -LOGIT_BIAS_MAX <= value <= LOGIT_BIAS_MAX:
+            raise ApiError(400, f"logit_bias[{key!r}]: a bias is from -100 to 100, got {value}", param="logit_bias")
+        out.append((int(key), float(value)))
+    return tuple(out)
 
 
 def _prompt(body: CompletionBody) -> dict[str, Any]:

@@ -30,7 +30,7 @@ import numpy as np
 
 from edgespec.core import costs
 from edgespec.core.drafters import Draft, DraftContext, Hint, register
-from edgespec.core.sampling import DRAFT, Noise, SamplingParams, process, sample
+from edgespec.core.sampling import DRAFT, Noise, SamplingParams, add_bias, process, sample
 from edgespec.models.loader import load_model
 from edgespec.models.pairing import check_compatible, size_warning
 from edgespec.runtime import profiles
@@ -138,6 +138,8 @@ class ModelDrafter:
             passes += 1
             if self.target_vocab < row.shape[0]:
                 row[self.target_vocab :] = -np.inf  # ids the target lacks can never be accepted
+            if self._sampling.logit_bias:  # as the target's rows are biased: a banned token is not drafted
+                add_bias(row, self._sampling)
             if greedy:
                 tok = int(np.argmax(row))
                 if self.p_min > 0.0 and _top_prob(row) < self.p_min and i > 0:
