@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from fastapi import FastAPI
 from fastapi import Request as HTTPRequest
@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from edgespec.apps.args import api_keys, key_auth, key_owner
+from edgespec.apps.server import responses
 from edgespec.apps.server.protocol import (
     ApiError,
     ChatBody,
@@ -30,6 +31,7 @@ from edgespec.apps.server.protocol import (
     CompletionBody,
     Envelope,
     Kind,
+    load_body,
     log_summary,
     parse,
     sse,
@@ -107,6 +109,7 @@ def create_app(server: Server, ui: gr.Blocks | None = None) -> FastAPI:
     app.add_api_route("/v1/models/{model_id:path}", get_model, methods=["GET"])
     app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"])
     app.add_api_route("/v1/completions", completions, methods=["POST"])
+    app.add_api_route("/v1/responses", responses_api, methods=["POST"])
     if ui is not None:
         import gradio as gr
 
@@ -197,8 +200,12 @@ async def completions(request: HTTPRequest) -> Any:
     return await generate(request, "completion")
 
 
+async def responses_api(request: HTTPRequest) -> Any:
+    return await generate(request, "responses")
+
+
 # ----------------------------------------------------------------------------- one generation
-async def generate(request: HTTPRequest, kind: Kind) -> Any:
+async def generate(request: HTTPRequest, kind: Kind | Literal["responses"]) -> Any:
     """A generation request, with its line in the server's log (stderr) once it is answered."""
     t0 = time.perf_counter()
     client = request.client.host if request.client else "-"
@@ -214,12 +221,18 @@ async def generate(request: HTTPRequest, kind: Kind) -> Any:
         raise
 
 
-async def _generate(request: HTTPRequest, kind: Kind, log: Callable[[dict], None]) -> Any:
+async def _generate(request: HTTPRequest, kind: Kind | Literal["responses"], log: Callable[[dict], None]) -> Any:
     """Validate, queue, wait for the worker to start (so a refusal is an HTTP error, not a broken
-    stream), then stream the tokens or wait for the whole reply; `log` gets the summary."""
+    stream), then stream the tokens or wait for the whole reply; `log` gets the summary. A Responses
+    request runs as the chat request it means (responses.to_chat) and is answered in its own shape."""
     server = _server(request)
     server.check_key(request)
-    body = parse(await request.body(), kind, request.headers.get("content-encoding", ""))
+    raw, encoding = await request.body(), request.headers.get("content-encoding", "")
+    shaper = None
+    if kind == "responses":
+        rbody, body = responses.to_chat(load_body(raw, encoding))
+    else:
+        body = parse(raw, kind, encoding)
     slot = server.slot_for(body.model)
     req, given = server.request(body)
     job = Job(replace(req, owner=server.owner(request)), given, asyncio.get_running_loop())
@@ -229,14 +242,17 @@ async def _generate(request: HTTPRequest, kind: Kind, log: Callable[[dict], None
     except BaseException:
         job.stop.set()
         raise
-    env = Envelope.new(kind, server.slot.id, tools=req.call_names())
+    env = Envelope.new("chat" if kind == "responses" else kind, server.slot.id, tools=req.call_names())
+    if kind == "responses":
+        shaper = responses.Shaper(rbody, body, env)
     if body.stream:
         usage = bool((body.stream_options or {}).get("include_usage"))
-        return StreamingResponse(stream(job, env, usage, log), media_type="text/event-stream",
+        events = stream(job, env, usage, log) if shaper is None else response_events(job, shaper, log)
+        return StreamingResponse(events, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     s = await finished(job, request)
     log(s)
-    return env.completion(s)
+    return env.completion(s) if shaper is None else shaper.response(s)
 
 
 def submit(slot: ModelSlot, job: Job) -> None:
@@ -307,3 +323,29 @@ async def stream(job: Job, env: Envelope, include_usage: bool, log: Callable[[di
         yield sse("[DONE]")
     finally:
         job.stop.set()  # a client that went away mid-stream frees the model at the next step
+
+
+async def response_events(job: Job, shaper: responses.Shaper, log: Callable[[dict], None]) -> AsyncIterator[str]:
+    """A started job as the Responses API's typed events (responses.StreamState); no [DONE] line, as
+    OpenAI's Responses streams end at response.completed."""
+    state = shaper.stream()
+    try:
+        for event in state.start():
+            yield event
+        while True:
+            what, payload = await job.out.get()
+            if what == "delta":
+                for event in state.delta(payload):
+                    yield event
+            elif what == "error":
+                for event in state.error(payload):
+                    yield event
+                break
+            elif what == "done":
+                if payload is not None:
+                    log(payload)
+                    for event in state.final(payload):
+                        yield event
+                break
+    finally:
+        job.stop.set()

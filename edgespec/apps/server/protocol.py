@@ -149,6 +149,19 @@ class CompletionBody(Body):
 def parse(raw: bytes, kind: Kind, content_encoding: str = "") -> ChatBody | CompletionBody:
     """A request body validated as `kind`'s, or an ApiError (413, 415 for a compressed body, or 400
     naming the first bad field)."""
+    return validate(load_body(raw, content_encoding), ChatBody if kind == "chat" else CompletionBody)
+
+
+def validate(data: dict, cls: type[BaseModel]) -> Any:
+    """`data` as a `cls` body, or a 400 naming the first bad field."""
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        raise _validation_error(exc.errors()) from None
+
+
+def load_body(raw: bytes, content_encoding: str = "") -> dict:
+    """A request body's JSON object, or an ApiError (413, 415 for a compressed body, 400)."""
     encoding = content_encoding.strip().lower()
     if encoding not in ("", "identity") or raw[:2] == GZIP_MAGIC:
         what = f"Content-Encoding {encoding!r}" if encoding not in ("", "identity") else "a gzip-compressed body"
@@ -166,11 +179,7 @@ def parse(raw: bytes, kind: Kind, content_encoding: str = "") -> ChatBody | Comp
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object", "invalid_json")
     _check_values(data)
-    cls = ChatBody if kind == "chat" else CompletionBody
-    try:
-        return cls.model_validate(data)
-    except ValidationError as exc:
-        raise _validation_error(exc.errors()) from None
+    return data
 
 
 def _check_values(data: dict) -> None:
