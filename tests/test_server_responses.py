@@ -132,6 +132,8 @@ def test_text_format_holds_the_answer_to_a_schema(server):
     ({"input": [{"role": "tool", "content": "x"}]}, "input.0.role", "must be user"),
     ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input.0.call_id", "non-empty string"),
     ({"input": []}, "input", "at least 1"),
+    ({"input": [{"role": "developer", "content": "Be brief."}]}, "input", "no user message"),
+    ({"input": "hi", "tools": [{"type": "function", "name": "bad name"}]}, "tools.0.name", "letters, digits"),
     ({"input": "hi", "temperature": 9}, "temperature", "less than or equal"),
 ])
 def test_what_it_cannot_take_is_a_400(server, body, param, words):

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from edgespec.apps.server.protocol import FINISH, ApiError, ChatBody, Chunks, Envelope, validate
+from edgespec.apps.server.protocol import FINISH, FUNCTION_NAME, ApiError, ChatBody, Chunks, Envelope, validate
 
 # Body fields the chat path takes under the same names (sampling, EdgeSpec's and llama-server's extensions).
 PASSED = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty", "repeat_penalty",
@@ -92,6 +92,8 @@ def _messages(body: ResponsesBody) -> list[dict[str, Any]]:
         else:
             raise ApiError(400, f"{where}.type: {kind!r} items are not supported (message, function_call, "
                            "function_call_output)", "unsupported_value", param=f"{where}.type")
+    if not any(m["role"] == "user" for m in out):
+        raise ApiError(400, "input: the conversation has no user message", param="input")
     return out
 
 
@@ -124,6 +126,10 @@ def _tool(tool: dict, i: int) -> dict:
     if tool.get("type") != "function":
         raise ApiError(400, f"tools.{i}.type: only function tools are supported here, got {tool.get('type')!r}",
                        "unsupported_value", param=f"tools.{i}.type")
+    name = tool.get("name")
+    if not isinstance(name, str) or not FUNCTION_NAME.match(name):
+        raise ApiError(400, f"tools.{i}.name: a function's name is 1 to 64 letters, digits, '_' or '-', got {name!r}",
+                       "invalid_value", param=f"tools.{i}.name")
     fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
     return {"type": "function", "function": fn}
 
