@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -237,12 +237,16 @@ class Framed:
     note: str | None = None  # something the user should know about how the prompt was fed
 
 
-def check_logit_bias(model: Model, sampling: SamplingParams) -> None:
-    """A logit bias names tokens of the target's vocabulary (an error naming the first that is not)."""
-    bad = next((t for t, _ in sampling.logit_bias if t >= model.n_vocab), None)
+def check_in_vocab(model: Model, ids: Iterable[int], what: str = "") -> None:
+    """An error naming the first of `ids` that is no token of the model's vocabulary (`what` leads it)."""
+    bad = next((t for t in ids if not 0 <= t < model.n_vocab), None)
     if bad is not None:
-        raise EdgeSpecError(f"logit bias: token id {bad} is not in {Path(model.path).name}'s vocabulary "
-                            f"(0..{model.n_vocab - 1})")
+        raise EdgeSpecError(f"{what}token id {bad} is not in {Path(model.path).name}'s vocabulary (0..{model.n_vocab - 1})")
+
+
+def check_logit_bias(model: Model, sampling: SamplingParams) -> None:
+    """A logit bias names tokens of the target's vocabulary."""
+    check_in_vocab(model, (t for t, _ in sampling.logit_bias), "logit bias: ")
 
 
 def frame(model: Model, req: Request) -> Framed:
@@ -250,9 +254,7 @@ def frame(model: Model, req: Request) -> Framed:
     that ends with an assistant message is framed up to the assistant's turn, followed by that
     message's text as it is (no end of turn): the reply continues it."""
     if req.tokens is not None:
-        bad = next((t for t in req.tokens if not 0 <= t < model.n_vocab), None)
-        if bad is not None:
-            raise EdgeSpecError(f"token id {bad} is not in {Path(model.path).name}'s vocabulary (0..{model.n_vocab - 1})")
+        check_in_vocab(model, req.tokens)
         return Framed(list(req.tokens), "raw", ())
     framing = req.framing
     has_template = model.chat_template() is not None

@@ -228,7 +228,6 @@ async def _generate(request: HTTPRequest, kind: Kind | Literal["responses"], log
     server = _server(request)
     server.check_key(request)
     raw, encoding = await request.body(), request.headers.get("content-encoding", "")
-    shaper = None
     if kind == "responses":
         rbody, body = responses.to_chat(load_body(raw, encoding))
     else:
@@ -243,8 +242,7 @@ async def _generate(request: HTTPRequest, kind: Kind | Literal["responses"], log
         job.stop.set()
         raise
     env = Envelope.new("chat" if kind == "responses" else kind, server.slot.id, tools=req.call_names())
-    if kind == "responses":
-        shaper = responses.Shaper(rbody, body, env)
+    shaper = responses.Shaper(rbody, body, env) if kind == "responses" else None
     if body.stream:
         usage = bool((body.stream_options or {}).get("include_usage"))
         events = stream(job, env, usage, log) if shaper is None else response_events(job, shaper, log)
