@@ -244,6 +244,38 @@ def test_512_bit_kernels_give_the_256_bit_ones_logits_bit_for_bit(gemma_path, tm
         assert float(np.max(np.abs(wide - narrow))) == 0.0, f"repack={repack}: the 512-bit kernels' logits differ"
 
 
+def _amx_runs_here() -> bool:
+    """Whether the loaded small-batch module takes its AMX forms (an AMX-INT8 CPU whose Linux grants the tile
+    state): asked of the module itself, in a child process."""
+    if KERNELS is None or not backend.cpu_modules(KERNELS):
+        return False
+    res = subprocess.run([sys.executable, "-c", "from edgespec.runtime import llama as runtime; import json; "
+                          "print(json.dumps(runtime.backend_info().to_dict()))"],
+                         cwd=ROOT, env={k: v for k, v in os.environ.items() if k not in ("EDGESPEC_KERNELS", "GGML_SMALLBATCH_AMX")},
+                         capture_output=True, text=True, timeout=120)
+    return res.returncode == 0 and json.loads(res.stdout.strip().splitlines()[-1]).get("kernel_amx") is True
+
+
+@needs_kernels
+@pytest.mark.parametrize("name", ["gemma3-270m", pytest.param("qwen2.5-coder-1.5b", marks=pytest.mark.slow)])
+def test_amx_kernel_gives_the_vnni_kernels_logits_bit_for_bit(name, tmp_path):
+    """On an AMX CPU (Sapphire Rapids and later Xeons) the repacked Q4_K rows of a call of 6-16 rows go through
+    tile multiplies (smallbatch-q4_K.c), with every weight row's integer sum and float steps the gemv's: the
+    logits of every batch in KS (6, 7, 8, 17 and 24 rows in calls of 6-12, a 40-row prompt in calls of 13-14)
+    are the same bits as with the AMX forms off, and the module says which ran."""
+    if not _amx_runs_here():
+        pytest.skip("no AMX here (or Linux does not grant the tile state): the module runs the VNNI kernels only")
+    path = _model_path(name)
+    if path is None:
+        pytest.skip(f"{name} is not installed")
+    amx, amx_info = _logits(path, tmp_path / "amx.npy", "smallbatch", {"GGML_SMALLBATCH_AMX": "yes"})
+    vnni, vnni_info = _logits(path, tmp_path / "vnni.npy", "smallbatch", {"GGML_SMALLBATCH_AMX": "no"})
+    assert (amx_info["kernel_amx"], vnni_info["kernel_amx"]) == (True, False)
+    a, b = _by_k(amx), _by_k(vnni)
+    for k in (0, *KS):
+        assert float(np.max(np.abs(a[k] - b[k]))) == 0.0, f"K={k}: the AMX kernel's logits differ"
+
+
 @needs_kernels
 def test_fast_mode_runs_the_small_batch_modules_and_stock_is_one_switch_away(smollm2):
     info = runtime.backend_info()
@@ -402,7 +434,8 @@ def test_the_prefetch_level_changes_no_logit(gemma_path, tmp_path):
     assert float(np.max(np.abs(l2 - l1))) == 0.0
 
 
-@pytest.mark.parametrize("name", ["GGML_SMALLBATCH_512", "GGML_SMALLBATCH_PREFETCH_L2", "GGML_SMALLBATCH_F16"])
+@pytest.mark.parametrize("name", ["GGML_SMALLBATCH_512", "GGML_SMALLBATCH_PREFETCH_L2", "GGML_SMALLBATCH_F16",
+                                  "GGML_SMALLBATCH_AMX"])
 def test_the_module_switches_are_read_as_yes_or_no(monkeypatch, name):
     """The small-batch module's yes/no switches reach its C code as 1 or 0 (its atoi would read 'yes' as
     0), empty is unset (the module chooses), and a value that is no yes/no is a one-line error naming it."""

@@ -15,7 +15,8 @@ so must each token decoded alone; batches of 4 and 6, where the unpatched module
 kernel (its float sums ordered differently), and of 40 (a prompt's worth, past
 the 32 rows of a verification: the repacked Q4_K path takes those too), probabilities within 0.15 (a
 wrong kernel moves them far more; summation order moves them by hundredths, and can swap a
-near-tie's top token, so that is not asked).
+near-tie's top token, so that is not asked). Where the module takes its AMX forms (`kernel_amx`), every
+logit must also equal the module's own with them off (GGML_SMALLBATCH_AMX=0), bit for bit.
 A module that crashes or fails either is recorded as rejected for this CPU, and the unpatched one
 runs instead.
 
@@ -212,6 +213,14 @@ def _compare_kernels(model: str, env: dict[str, str]) -> str | None:
         if rc != 0:
             return f"the unpatched module failed beside them ({_death(rc)})"
         a, b = np.load(got), np.load(ref)
+        if info.get("kernel_amx"):
+            # the AMX kernel takes the 6- and 40-row batches' Q4_K rows, each with the gemv's integers and float
+            # steps: the same logits bit for bit as the module's VNNI kernels give with it off
+            rc, tail = _run_child("fast", model, {**env, "GGML_SMALLBATCH_AMX": "0"}, str(ref))
+            if rc != 0:
+                return f"with their AMX forms off they failed ({_death(rc)})"
+            if (amx := float(np.max(np.abs(a - np.load(ref))))) != 0.0:
+                return f"their AMX forms' logits differ from their VNNI forms' by up to {amx:.3g}"
     n = sum(BATCHES)
     # with their F16 kernel (attention) a batch's rows get the logits of decoding its tokens one
     # at a time; without it (no AVX2) llamafile's sgemm sums attention as the unpatched module does

@@ -121,10 +121,14 @@ class Backend:
     # whether they include the F16 kernel that gives attention in a verification pass vec_dot's sums, so
     # each row gets the logits it gets decoded alone (AVX2 and later; SMALLBATCH_F16); None for stock
     kernel_f16: bool | None = None
+    # whether they take their Intel AMX forms (tile multiplies for repacked Q4_K from 6 rows a call: Sapphire
+    # Rapids and later Xeons, unless GGML_SMALLBATCH_AMX says no); None for stock
+    kernel_amx: bool | None = None
 
     def to_dict(self) -> dict:
         return {"mode": self.mode, "cpu_variant": self.variant, "kernels": self.kernels,
-                "kernel_bits": self.kernel_bits, "kernel_prefetch": self.kernel_prefetch, "kernel_f16": self.kernel_f16, "gpu_backends": self.others, "cpu": self.cpu.model}
+                "kernel_bits": self.kernel_bits, "kernel_prefetch": self.kernel_prefetch, "kernel_f16": self.kernel_f16,
+                "kernel_amx": self.kernel_amx, "gpu_backends": self.others, "cpu": self.cpu.model}
 
 
 def lib_dir() -> Path:
@@ -372,6 +376,14 @@ def kernel_f16(kernels: str, system_info: str) -> bool | None:
     if kernels != "smallbatch":
         return None
     return features(system_info).get("SMALLBATCH_F16") == "1"
+
+
+def kernel_amx(kernels: str, system_info: str) -> bool | None:
+    """Whether the small-batch kernels take their AMX forms, as the loaded CPU module reports it
+    (SMALLBATCH_AMX = 1); None when they do not run."""
+    if kernels != "smallbatch":
+        return None
+    return features(system_info).get("SMALLBATCH_AMX") == "1"
 
 
 def kernel_prefetch(kernels: str, system_info: str) -> str | None:

@@ -25,6 +25,7 @@ VARIABLES = {
     "GGML_SMALLBATCH_512": "yes/no: the small-batch kernels' 512-bit forms (default: yes on AMD Zen 4 and later)",
     "GGML_SMALLBATCH_PREFETCH_L2": "yes/no: the small-batch kernels prefetch their weights into L2 only (default: yes on AMD Zen 4)",
     "GGML_SMALLBATCH_F16": "yes/no: attention in a verification pass gets single-token decoding's sums (default: yes)",
+    "GGML_SMALLBATCH_AMX": "yes/no: the small-batch kernels' Intel AMX forms (default: yes where the CPU and Linux grant AMX)",
     "EDGESPEC_KERNEL_MODULES": "folder of the small-batch CPU modules (default: the set-up's)",
     "EDGESPEC_EXACT_MODULES": "folder of the exact-mode CPU modules (default: the set-up's)",
     "EDGESPEC_CPU_VARIANT": "the CPU module variant to load (haswell, zen4, ...) instead of the best one",
@@ -135,8 +136,8 @@ def normalize_smallbatch_switch() -> bool:
 
 # yes/no settings read by the small-batch module itself (C's atoi), for comparisons; unset, the module
 # chooses by the CPU (512-bit forms on AMD Zen 4 and later; prefetching into L2 on Zen 4; the F16 kernel
-# wherever it is built)
-SMALLBATCH_FLAGS = ("GGML_SMALLBATCH_512", "GGML_SMALLBATCH_PREFETCH_L2", "GGML_SMALLBATCH_F16")
+# wherever it is built; the AMX forms where the CPU has AMX-INT8 and Linux grants the tile state)
+SMALLBATCH_FLAGS = ("GGML_SMALLBATCH_512", "GGML_SMALLBATCH_PREFETCH_L2", "GGML_SMALLBATCH_F16", "GGML_SMALLBATCH_AMX")
 
 
 def normalize_smallbatch_flags() -> None:

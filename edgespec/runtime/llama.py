@@ -203,6 +203,7 @@ def lib() -> ModuleType:
             _backend.kernel_bits = backend.kernel_bits(_backend.kernels, system_info)
             _backend.kernel_prefetch = backend.kernel_prefetch(_backend.kernels, system_info)
             _backend.kernel_f16 = backend.kernel_f16(_backend.kernels, system_info)
+            _backend.kernel_amx = backend.kernel_amx(_backend.kernels, system_info)
         _lib = llama_cpp
         _check_interrupt()
     return _lib

@@ -187,6 +187,8 @@ def _key(model: Model) -> str:
         be.cpu.signature,
         sorted(os.sched_getaffinity(0)), PROFILE_VERSION, CONTEXT_AT,
     ]
+    if be.kernel_amx:  # the AMX forms change T(K) from 6 rows on (keys without them stay as they were)
+        parts.append("amx")
     if model.device != backend.CPU_DEVICE:  # the passes run there (CPU keys stay as they were)
         parts.append([model.device, model.device_description, model.layers_on_device])
     if model.rpc_servers:  # the passes run there: T(K) includes the network round trips

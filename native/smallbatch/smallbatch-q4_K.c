@@ -462,7 +462,211 @@ SB_Q4_KX8_SWITCH(SB_Q4_KX8_KERNEL, sb_q4_Kx8_q8_K_nr)
 SB_Q4_KX8_SWITCH(sb_q4_Kx8_q8_K_512, sb_q4_Kx8_q8_K_512_nr)
 #endif
 
+// Intel AMX form (ggml_smallbatch_amx: Sapphire Rapids and later Xeons). One TDPBSSD multiplies a tile
+// of up to 16 activation rows x 64 int8 values by a tile of 16 x 64 bytes (for 16 weight rows, their 64
+// values as 16 groups of 4) into 16 int32 sums per activation row: 1,024 multiply-adds per activation
+// row in one instruction, where the VNNI kernels take 16 512-bit dpbusd. Per super-block and 16 weight
+// rows (two groups of eight):
+// * The 6-bit scale of a sub-block is 8 h + l (h, l < 8), and a 4-bit code times h or l is below 128, so
+//   the codes are unpacked once for all activation rows into two tiles' worth of bytes, code x l and
+//   code x h (vpmullw: the two bytes of a 16-bit lane belong to one weight row and each product stays
+//   below 256). Each 64-byte load of the interleaved layout holds weights 8j..8j+7 of a sub-block pair
+//   for eight rows (a 64-bit lane a row): its low and high nibbles, masked, are one 32-byte group of
+//   four per row of sub-blocks 2sb and 2sb+1, and one vpermt2d per tile row joins the two groups of
+//   eight rows, in natural order, into the tiles' layout (a per-thread buffer, loaded as tiles).
+// * The activations' tile is their Q8_K codes as they lie (the rows of a call are equally spaced).
+// * Two tiles accumulate the super-block's sums, C_l and C_h, over its 256 values (four TDPBSSD each),
+//   and each weight row's integer sum is C_l + 8 C_h, the gemv's sum of the sub-blocks' scaled sums.
+//   The mins' products are taken with madd from the activations' per-32 sums, and the float steps per
+//   row and super-block are those of ggml_gemv_q4_K_8x8_q8_K: the same integers and the same float
+//   operations per weight row, so each result equals the gemv's bit for bit (native/smallbatch/bench,
+//   1-16 rows).
+// The tiles are configured at the start of each call and released at its end: other code on the same
+// thread (ONNX Runtime's or oneDNN's AMX kernels) may configure them otherwise in between.
+#if defined(SB_Q4_KX8_512) && defined(__linux__) && defined(__GNUC__) && (__GNUC__ >= 11 || defined(__clang__))
+#define SB_Q4_KX8_AMX 1
+#define SB_AMX_TARGET __attribute__((target("amx-tile,amx-int8")))
+
+// Activation rows a call from which the AMX kernel runs; fewer go to the VNNI kernel. Passes of the real
+// 1.5B on a Sapphire Rapids-class Xeon (2 cores) took 1.01-1.09x the time with the AMX kernel at 2-5 rows
+// and 0.91-0.98x at 6-8 (docs/kernels.md): below about 6 rows its fixed cost per 16 weight rows (unpacking,
+// tile loads) outweighs the multiplies it saves.
+#define SB_AMX_MIN_ROWS 6
+
+typedef struct {
+    uint8_t  palette;
+    uint8_t  start_row;
+    uint8_t  reserved[14];
+    uint16_t colsb[16];
+    uint8_t  rows[16];
+} __attribute__((packed)) sb_tilecfg;
+
+// tmm0, tmm1: the low and high parts of the sums (nr x 16 int32); tmm2, tmm5: activations (nr x 64 bytes);
+// tmm3-4, tmm6-7: codes times the low and the high 3 bits of the scales (16 x 64 bytes)
+static SB_AMX_TARGET void sb_amx_configure(int nr) {
+    sb_tilecfg cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.palette = 1;
+    for (int t = 0; t < 8; ++t) {
+        cfg.rows[t] = (uint8_t) (t == 0 || t == 1 || t == 2 || t == 5 ? nr : 16);
+        cfg.colsb[t] = 64;
+    }
+    _tile_loadconfig(&cfg);
+}
+
+static SB_AMX_TARGET void sb_q4_Kx8_q8_K_amx(int n, float * s, size_t bs, const void * vx, const void * const * vy,
+                                             const int nr, int nc) {
+    const int nb = n / QK_K;
+    const size_t stride = (size_t) ((const char *) vy[nr > 1 ? 1 : 0] - (const char *) vy[0]);
+    sb_amx_configure(nr);
+    const __m512i m4   = _mm512_set1_epi8(0x0f);
+    const __m512i m7   = _mm512_set1_epi32(7);
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd  = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    static __thread int8_t  blo[4][16][64] __attribute__((aligned(64)));
+    static __thread int8_t  bhi[4][16][64] __attribute__((aligned(64)));
+    static __thread int32_t sum_lo[GGML_SMALLBATCH_AMX_MAX_COLS][16] __attribute__((aligned(64)));
+    static __thread int32_t sum_hi[GGML_SMALLBATCH_AMX_MAX_COLS][16] __attribute__((aligned(64)));
+
+    __m128i * ps = (__m128i *) __builtin_alloca(sizeof(__m128i) * (size_t) nr * (size_t) nb);
+    for (int r = 0; r < nr; ++r) {
+        for (int b = 0; b < nb; ++b) {
+            const __m256i bsums = _mm256_loadu_si256((const __m256i *) ((const block_q8_K *) vy[r] + b)->bsums);
+            ps[r * nb + b] = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
+        }
+    }
+
+    for (int x = 0; x < nc / 8; x += 2) {
+        const int two = x + 1 < nc / 8;
+        const sb_block_q4_Kx8 * w0 = (const sb_block_q4_Kx8 *) vx + (size_t) x * nb;
+        const sb_block_q4_Kx8 * w1 = w0 + nb;
+        __m512 acc[GGML_SMALLBATCH_AMX_MAX_COLS];
+        __m512 acc_min[GGML_SMALLBATCH_AMX_MAX_COLS];
+        for (int r = 0; r < nr; ++r) {
+            acc[r] = _mm512_setzero_ps();
+            acc_min[r] = _mm512_setzero_ps();
+        }
+        for (int b = 0; b < nb; ++b) {
+            for (int l = 0; l < (int) sizeof(sb_block_q4_Kx8); l += 256) {
+                GGML_SMALLBATCH_PREFETCH_256((const char *) (w0 + b + SB_Q4_KX8_PREFETCH) + l, 0);
+                if (two) {
+                    GGML_SMALLBATCH_PREFETCH_256((const char *) (w1 + b + SB_Q4_KX8_PREFETCH) + l, 0);
+                }
+            }
+            __m512i mins[4];
+            for (int sb = 0; sb < QK_K / 64; ++sb) {
+                const __m256i sm0 = sb_scales_mins(w0[b].scales + 24 * sb);
+                const __m256i sm1 = two ? sb_scales_mins(w1[b].scales + 24 * sb) : _mm256_setzero_si256();
+                const __m128i a0 = _mm256_castsi256_si128(sm0), a1 = _mm256_extracti128_si256(sm0, 1);
+                const __m128i b0 = _mm256_castsi256_si128(sm1), b1 = _mm256_extracti128_si256(sm1, 1);
+                const __m512i sc0 = _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(a0, b0));  // sub-block 2sb
+                const __m512i sc1 = _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(a1, b1));  // 2sb+1
+                // each factor in both 16-bit halves of its row's lane
+                __m512i f[2][2];  // [sub-block h][low, high 3 bits]
+                f[0][0] = _mm512_and_si512(sc0, m7);
+                f[0][1] = _mm512_srli_epi32(sc0, 3);
+                f[1][0] = _mm512_and_si512(sc1, m7);
+                f[1][1] = _mm512_srli_epi32(sc1, 3);
+                for (int h = 0; h < 2; ++h) {
+                    for (int k = 0; k < 2; ++k) {
+                        f[h][k] = _mm512_or_si512(f[h][k], _mm512_slli_epi32(f[h][k], 16));
+                    }
+                }
+                const __m128i m0 = _mm_unpackhi_epi64(a0, b0);
+                const __m128i m1 = _mm_unpackhi_epi64(a1, b1);
+                mins[sb] = _mm512_cvtepu8_epi16(_mm256_setr_m128i(_mm_unpacklo_epi8(m0, m1), _mm_unpackhi_epi8(m0, m1)));
+                for (int j = 0; j < 4; ++j) {
+                    const __m512i v0 = _mm512_loadu_si512((const void *) (w0[b].qs + sb * 256 + 64 * j));
+                    const __m512i v1 = two ? _mm512_loadu_si512((const void *) (w1[b].qs + sb * 256 + 64 * j)) : _mm512_setzero_si512();
+                    const __m512i lo0 = _mm512_and_si512(v0, m4);
+                    const __m512i lo1 = _mm512_and_si512(v1, m4);
+                    const __m512i hi0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4);
+                    const __m512i hi1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4);
+                    const __m512i q[4] = {  // B rows 2j, 2j+1 (sub-block 2sb), 8+2j, 9+2j (2sb+1)
+                        _mm512_permutex2var_epi32(lo0, even, lo1), _mm512_permutex2var_epi32(lo0, odd, lo1),
+                        _mm512_permutex2var_epi32(hi0, even, hi1), _mm512_permutex2var_epi32(hi0, odd, hi1),
+                    };
+                    for (int i = 0; i < 4; ++i) {
+                        const int row = (i < 2 ? 0 : 8) + 2 * j + (i & 1);
+                        _mm512_store_si512((void *) blo[sb][row], _mm512_mullo_epi16(q[i], f[i >> 1][0]));
+                        _mm512_store_si512((void *) bhi[sb][row], _mm512_mullo_epi16(q[i], f[i >> 1][1]));
+                    }
+                }
+            }
+            const char * a = (const char *) ((const block_q8_K *) vy[0] + b)->qs;
+            _tile_zero(0);
+            _tile_zero(1);
+            for (int sb = 0; sb < 4; sb += 2) {
+                _tile_loadd(2, a + 64 * sb, stride);
+                _tile_loadd(3, blo[sb], 64);
+                _tile_loadd(4, bhi[sb], 64);
+                _tile_dpbssd(0, 2, 3);
+                _tile_dpbssd(1, 2, 4);
+                _tile_loadd(5, a + 64 * sb + 64, stride);
+                _tile_loadd(6, blo[sb + 1], 64);
+                _tile_loadd(7, bhi[sb + 1], 64);
+                _tile_dpbssd(0, 5, 6);
+                _tile_dpbssd(1, 5, 7);
+            }
+            _tile_stored(0, sum_lo, 64);
+            _tile_stored(1, sum_hi, 64);
+            const __m512 d    = _mm512_cvtph_ps(_mm256_setr_m128i(_mm_loadu_si128((const __m128i *) w0[b].d),
+                                                                   two ? _mm_loadu_si128((const __m128i *) w1[b].d) : _mm_setzero_si128()));
+            const __m512 dmin = _mm512_cvtph_ps(_mm256_setr_m128i(_mm_loadu_si128((const __m128i *) w0[b].dmin),
+                                                                   two ? _mm_loadu_si128((const __m128i *) w1[b].dmin) : _mm_setzero_si128()));
+            for (int r = 0; r < nr; ++r) {
+                const __m512i isum = _mm512_add_epi32(_mm512_load_si512((const void *) sum_lo[r]),
+                                                      _mm512_slli_epi32(_mm512_load_si512((const void *) sum_hi[r]), 3));
+                const __m128i p = ps[r * nb + b];
+                __m512i imin = _mm512_madd_epi16(mins[0], _mm512_set1_epi32(_mm_extract_epi32(p, 0)));
+                imin = _mm512_add_epi32(imin, _mm512_madd_epi16(mins[1], _mm512_set1_epi32(_mm_extract_epi32(p, 1))));
+                imin = _mm512_add_epi32(imin, _mm512_madd_epi16(mins[2], _mm512_set1_epi32(_mm_extract_epi32(p, 2))));
+                imin = _mm512_add_epi32(imin, _mm512_madd_epi16(mins[3], _mm512_set1_epi32(_mm_extract_epi32(p, 3))));
+                const __m512 yd = _mm512_set1_ps(((const block_q8_K *) vy[r] + b)->d);
+                acc[r]     = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, yd), acc[r]);
+                acc_min[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(imin), _mm512_mul_ps(dmin, yd), acc_min[r]);
+            }
+        }
+        for (int r = 0; r < nr; ++r) {
+            const __m512 out = _mm512_sub_ps(acc[r], acc_min[r]);
+            if (two) {
+                _mm512_storeu_ps(s + r * bs + x * 8, out);
+            } else {
+                _mm256_storeu_ps(s + r * bs + x * 8, _mm512_castps512_ps256(out));
+            }
+        }
+    }
+    _tile_release();
+}
+
+// The AMX kernel for calls of SB_AMX_MIN_ROWS rows or more whose rows are equally spaced (a tile's rows
+// are), the VNNI kernel for the others
+static void sb_q4_Kx8_q8_K_amx_nr(int n, float * s, size_t bs, const void * vx, const void * const * vy, int nr, int nc) {
+    int even = nr >= SB_AMX_MIN_ROWS;
+    for (int r = 2; r < nr && even; ++r) {
+        even = (const char *) vy[r] - (const char *) vy[r - 1] == (const char *) vy[1] - (const char *) vy[0];
+    }
+    if (even) {
+        sb_q4_Kx8_q8_K_amx(n, s, bs, vx, vy, nr, nc);
+        return;
+    }
+    for (int r0 = 0, k = 0; r0 < nr; r0 += k) {  // calls of up to MAX_COLS rows
+        k = ggml_smallbatch_call_rows(nr - r0);
+        if (ggml_smallbatch_512()) {
+            sb_q4_Kx8_q8_K_512_nr(n, s + r0 * bs, bs, vx, vy + r0, k, nc);
+        } else {
+            sb_q4_Kx8_q8_K_nr(n, s + r0 * bs, bs, vx, vy + r0, k, nc);
+        }
+    }
+}
+#endif
+
 ggml_smallbatch_gemm_t ggml_smallbatch_q4_Kx8(void) {
+#ifdef SB_Q4_KX8_AMX
+    if (ggml_smallbatch_amx()) {
+        return sb_q4_Kx8_q8_K_amx_nr;
+    }
+#endif
 #ifdef SB_Q4_KX8_512
     if (ggml_smallbatch_512()) {
         return sb_q4_Kx8_q8_K_512_nr;

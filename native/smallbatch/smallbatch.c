@@ -55,6 +55,43 @@ bool ggml_smallbatch_512(void) {
 #endif
 }
 
+// Intel AMX (tile registers, TDPBSSD): where the build has the 512-bit forms (the AMX kernels use them
+// beside the tiles), the CPU has AMX-TILE and AMX-INT8, the OS keeps the tile state (XCR0 bits 17-18) and
+// grants this process the tile data (Linux's ARCH_REQ_XCOMP_PERM, needed once per process before the first
+// tile instruction). GGML_SMALLBATCH_AMX=0 turns the AMX kernels off (for comparisons). Read once.
+#if defined(GGML_SMALLBATCH_HAS_512) && defined(__linux__) && defined(__x86_64__) && defined(__GNUC__)
+#include <sys/syscall.h>
+#include <unistd.h>
+static int sb_amx_usable(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 25))) {
+        return 0;  // no AMX-TILE or no AMX-INT8
+    }
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) {
+        return 0;  // no OSXSAVE: xgetbv would fault
+    }
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & (3u << 17)) != (3u << 17)) {
+        return 0;  // the OS does not save the tile state
+    }
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+}
+#else
+static int sb_amx_usable(void) {
+    return 0;
+}
+#endif
+
+bool ggml_smallbatch_amx(void) {
+    static int amx = -1;
+    if (amx < 0) {
+        const char * env = getenv("GGML_SMALLBATCH_AMX");
+        amx = (env == NULL || *env == '\0' || atoi(env) != 0) && sb_amx_usable();
+    }
+    return amx != 0;
+}
+
 // Prefetching the weight stream into L2 only: on AMD Zen 4 (family 19h with AVX-512) the kernels' passes
 // over 2-8 rows of the real 1.5B took 0.75-0.89x the time with prefetcht1 that they took with prefetcht0
 // (docs/kernels.md); there a prefetcht0 seems to hold one of the core's few L1 miss buffers until its line
@@ -74,6 +111,14 @@ __attribute__((constructor)) static void sb_prefetch_level(void) {
 
 int ggml_smallbatch_call_rows(int64_t left) {
     const int64_t calls = (left + GGML_SMALLBATCH_MAX_COLS - 1) / GGML_SMALLBATCH_MAX_COLS;
+    return (int) ((left + calls - 1) / calls);
+}
+
+int ggml_smallbatch_q4_K_call_rows(int64_t left) {
+    if (!ggml_smallbatch_amx()) {
+        return ggml_smallbatch_call_rows(left);
+    }
+    const int64_t calls = (left + GGML_SMALLBATCH_AMX_MAX_COLS - 1) / GGML_SMALLBATCH_AMX_MAX_COLS;
     return (int) ((left + calls - 1) / calls);
 }
 

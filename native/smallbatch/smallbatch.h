@@ -45,6 +45,10 @@ extern "C" {
 // the weights once for its rows, so a short last call costs nearly what a full one does: passes over 9-14
 // rows of the 1.5B measured 2-3% faster so on Zen 4 (docs/kernels.md).
 int ggml_smallbatch_call_rows(int64_t left);
+// Activation rows a call of the repacked-Q4_K kernel takes when `left` remain: with the AMX kernel up to
+// GGML_SMALLBATCH_AMX_MAX_COLS (its tile multiplies cost the same for 1-16 rows), else as above.
+#define GGML_SMALLBATCH_AMX_MAX_COLS 16
+int ggml_smallbatch_q4_K_call_rows(int64_t left);
 
 // s[w * bs + c] = dot(weight row w, vy[c]) for w < nw (1 <= nw <= GGML_SMALLBATCH_MAX_WROWS) and
 // c < nc (1 <= nc <= GGML_SMALLBATCH_MAX_COLS); n values per row, weight row w of the weight type
@@ -53,7 +57,8 @@ typedef void (*ggml_smallbatch_dot_t)(int n, float * s, size_t bs, const void * 
                                       const void * const * vy, int nc);
 
 // For weights repacked eight rows at a time (repack.cpp): s[r * bs + c] = dot(weight row c,
-// vy[r]) for r < nr (1 <= nr <= GGML_SMALLBATCH_MAX_COLS) and c < nc (a multiple of 8); vx
+// vy[r]) for r < nr (1 <= nr <= GGML_SMALLBATCH_MAX_COLS; for the Q4_K kernel up to
+// ggml_smallbatch_q4_K_call_rows's count) and c < nc (a multiple of 8); vx
 // points at the first group of eight rows, n values per row.
 typedef void (*ggml_smallbatch_gemm_t)(int n, float * s, size_t bs, const void * vx, const void * const * vy,
                                        int nr, int nc);
@@ -147,6 +152,11 @@ bool ggml_smallbatch_enabled(void);
 // GGML_SMALLBATCH_512=0 or 1 in the environment decides instead, for comparisons. A property of the
 // CPU, read once at run time.
 bool ggml_smallbatch_512(void);
+
+// Whether the kernels take their Intel AMX forms (tile multiplies, TDPBSSD): where the build has the
+// 512-bit forms, the CPU has AMX-INT8, and Linux grants the process the tile state (smallbatch.c);
+// GGML_SMALLBATCH_AMX=0 in the environment turns them off, for comparisons. Read once at run time.
+bool ggml_smallbatch_amx(void);
 
 // The kernel for weights of `type` in this build (NULL: none, use the per-row path). One source
 // file per family of weight types provides its getter.

@@ -618,6 +618,67 @@ static void time_f16(void) {
 #endif
 }
 
+// The repacked-Q4_K kernel in calls of up to ggml_smallbatch_q4_K_call_rows's count (16 with the AMX
+// kernel): every row against the gemv, 1-16 rows, and the time of calls of 12 and 16 rows against the old
+// kernel's calls of up to 8.
+static int q4_K_wide(int n, int nrows, const bench_q4_Kx8 * w4x8, ggml_smallbatch_gemm_t new4, ggml_smallbatch_gemm_t old4,
+                     int check_only) {
+    enum { WIDE = GGML_SMALLBATCH_AMX_MAX_COLS };
+    const int nb = n / QK_K;
+    if (ggml_smallbatch_q4_K_call_rows(WIDE) <= GGML_SMALLBATCH_MAX_COLS) {
+        return 0;  // calls of up to 8 rows, checked above
+    }
+    block_q8_K * act = malloc(sizeof(block_q8_K) * nb * WIDE);
+    float * f = malloc(sizeof(float) * n);
+    const void * vy[WIDE];
+    for (int c = 0; c < WIDE; ++c) {
+        for (int i = 0; i < n; ++i) f[i] = frand();
+        quantize_row_q8_K_ref(f, act + c * nb, n);
+        vy[c] = act + c * nb;
+    }
+    float * ref = malloc(sizeof(float) * nrows * WIDE);
+    float * out = malloc(sizeof(float) * nrows * WIDE);
+    for (int c = 0; c < WIDE; ++c) {
+        ggml_gemv_q4_K_8x8_q8_K(n, ref + c * nrows, nrows, w4x8, vy[c], 1, nrows);
+    }
+    int failures = 0;
+    for (int nc = 1; nc <= WIDE; ++nc) {
+        int bad = 0;
+        for (int groups = nrows / 8; groups >= 3; groups = groups == 3 ? 0 : 3) {  // all rows, then three groups
+            memset(out, 0xff, sizeof(float) * nrows * WIDE);
+            new4(n, out, nrows, w4x8, vy, nc, groups * 8);
+            for (int c = 0; c < nc; ++c)
+                bad += memcmp(out + c * nrows, ref + c * nrows, sizeof(float) * groups * 8) != 0;
+        }
+        printf("check n=%d nc=%d (one call): Q4_Kx8 %s\n", n, nc, bad ? "DIFFERS" : "bit-identical");
+        failures += bad;
+    }
+    if (!check_only) {
+        static const int ncs[] = {12, 16};
+        for (int k = 0; k < 2; ++k) {
+            const int nc = ncs[k];
+            double t[2][REPEATS];
+            for (int rep = 0; rep < REPEATS; ++rep) {
+                double t0 = now_ns();
+                for (int r0 = 0, m = 0; r0 < nc; r0 += m) {
+                    m = ggml_smallbatch_call_rows(nc - r0);
+                    old4(n, out + r0 * nrows, nrows, w4x8, vy + r0, m, nrows);
+                }
+                double t1 = now_ns();
+                new4(n, out, nrows, w4x8, vy, nc, nrows);
+                double t2 = now_ns();
+                const double units = (double) nc * nb * (nrows / 8);
+                t[0][rep] = (t1 - t0) / units;
+                t[1][rep] = (t2 - t1) / units;
+            }
+            for (int j = 0; j < 2; ++j) qsort(t[j], REPEATS, sizeof(double), cmp_double);
+            printf("time n=%d nc=%d (one call)  Q4_Kx8 old %6.2f new %6.2f (x%.2f)\n", n, nc, t[0][0], t[1][0], t[0][0] / t[1][0]);
+        }
+    }
+    free(act); free(f); free(ref); free(out);
+    return failures;
+}
+
 int main(int argc, char ** argv) {
     const int check_only = argc > 1 && strcmp(argv[1], "--check-only") == 0;
     int failures = 0;
@@ -715,6 +776,7 @@ int main(int argc, char ** argv) {
         }
 
         failures += q6_K_prepared(n, nrows, w6, row6, vy, nc_max, ref6, new6, check_only);
+        failures += q4_K_wide(n, nrows, w4x8, new4, old4, check_only);
 
         if (!check_only) {
             static const int ncs[] = {1, 2, 4, 8};
