@@ -113,7 +113,7 @@ class Backend:
     cpu: Cpu = field(default_factory=this_cpu)
     kernels: str = "stock"  # 'smallbatch' when the small-batch kernels run (their module, GGML_CPU_SMALLBATCH not off)
     # vector width in bits of the small-batch kernels that run: 512 where the module has 512-bit forms
-    # and the CPU takes them (AMD Zen 4 and later, or GGML_SMALLBATCH_512 says so), else 256; None for stock
+    # and the CPU takes them (AMD Zen 4 and later, Intel Xeons with AMX, or GGML_SMALLBATCH_512 says so), else 256; None for stock
     kernel_bits: int | None = None
     # where the small-batch kernels prefetch their weights when they take several rows: 'L2' (AMD Zen 4,
     # or GGML_SMALLBATCH_PREFETCH_L2 says so) or 'L1'; None for stock

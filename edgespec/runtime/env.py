@@ -22,7 +22,7 @@ VARIABLES = {
     "EDGESPEC_RECALIBRATE": "yes: measure every cost profile again instead of reading the stored one",
     "EDGESPEC_KERNELS": "smallbatch (default): EdgeSpec's small-batch CPU kernels; stock: llama.cpp's own",
     "GGML_CPU_SMALLBATCH": "no: the small-batch kernels' module computes with llama.cpp's arithmetic (comparisons)",
-    "GGML_SMALLBATCH_512": "yes/no: the small-batch kernels' 512-bit forms (default: yes on AMD Zen 4 and later)",
+    "GGML_SMALLBATCH_512": "yes/no: the small-batch kernels' 512-bit forms (default: yes on AMD Zen 4 and later and AMX Xeons)",
     "GGML_SMALLBATCH_PREFETCH_L2": "yes/no: the small-batch kernels prefetch their weights into L2 only (default: yes on AMD Zen 4)",
     "GGML_SMALLBATCH_F16": "yes/no: attention in a verification pass gets single-token decoding's sums (default: yes)",
     "GGML_SMALLBATCH_AMX": "yes/no: the small-batch kernels' Intel AMX forms (default: yes where the CPU and Linux grant AMX)",
@@ -135,7 +135,7 @@ def normalize_smallbatch_switch() -> bool:
 
 
 # yes/no settings read by the small-batch module itself (C's atoi), for comparisons; unset, the module
-# chooses by the CPU (512-bit forms on AMD Zen 4 and later; prefetching into L2 on Zen 4; the F16 kernel
+# chooses by the CPU (512-bit forms on AMD Zen 4 and later and AMX Xeons; prefetching into L2 on Zen 4; the F16 kernel
 # wherever it is built; the AMX forms where the CPU has AMX-INT8 and Linux grants the tile state)
 SMALLBATCH_FLAGS = ("GGML_SMALLBATCH_512", "GGML_SMALLBATCH_PREFETCH_L2", "GGML_SMALLBATCH_F16", "GGML_SMALLBATCH_AMX")
 

@@ -318,7 +318,7 @@ static inline __attribute__((always_inline)) void sb_q4_Kx8_q8_K_avx2(int n, flo
 #endif
 
 #ifdef GGML_SMALLBATCH_HAS_512
-// 512-bit form (ggml_smallbatch_512: AMD Zen 4 and later). Zen 5 runs 512-bit vpdpbusd at full width
+// 512-bit form (ggml_smallbatch_512: AMD Zen 4 and later, Intel with AMX). Zen 5 runs 512-bit vpdpbusd at full width
 // (two a cycle, as many as 256-bit ones); Zen 4 splits them in two halves, and still gains from the
 // form's fewer instructions of other kinds (1.16-1.19x the 256-bit kernel in cache at 2-8 rows). Where
 // the multiplies are that cheap the kernel's time follows its count of vector instructions of every

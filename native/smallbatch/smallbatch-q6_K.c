@@ -169,7 +169,7 @@ static inline __attribute__((always_inline)) void sb_q6_K_codes_512(const block_
     }
 }
 
-// 512-bit form (ggml_smallbatch_512: AMD Zen 4 and later; Zen 5 runs its multiplies at full width). A
+// 512-bit form (ggml_smallbatch_512: AMD Zen 4 and later, Intel with AMX; Zen 5 runs its multiplies at full width). A
 // super-block's codes are 4 vectors of 64, each two of the 256-bit kernel's (the pair whose activations
 // follow each other), and its scales 4 vectors (a 16-bit scale over each 128-bit lane: 16 weights);
 // each activation row then needs 4 maddubs and 4 dpwssd instead of 8 and 8. The high 256 bits of a

@@ -148,7 +148,8 @@ bool ggml_smallbatch_enabled(void);
 
 // Whether the kernels take their 512-bit forms (where the build has AVX-512 VNNI): on AMD Zen 4 and
 // later, where they measured faster (Zen 5 runs 512-bit vpdpbusd at full width; Zen 4 splits each in two
-// halves but gains from the forms' fewer other instructions), not on Intel, where they are unmeasured.
+// halves but gains from the forms' fewer other instructions) and on Intel CPUs with AMX (Sapphire Rapids
+// class, measured faster too), not on other Intel CPUs, where they are unmeasured.
 // GGML_SMALLBATCH_512=0 or 1 in the environment decides instead, for comparisons. A property of the
 // CPU, read once at run time.
 bool ggml_smallbatch_512(void);
