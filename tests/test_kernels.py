@@ -259,10 +259,11 @@ def _amx_runs_here() -> bool:
 @needs_kernels
 @pytest.mark.parametrize("name", ["gemma3-270m", pytest.param("qwen2.5-coder-1.5b", marks=pytest.mark.slow)])
 def test_amx_kernel_gives_the_vnni_kernels_logits_bit_for_bit(name, tmp_path):
-    """On an AMX CPU (Sapphire Rapids and later Xeons) the repacked Q4_K rows of a call of 6-16 rows go through
+    """On an AMX CPU (Sapphire Rapids and later Xeons) the repacked Q4_K rows of a call of 6-32 rows go through
     tile multiplies (smallbatch-q4_K.c), with every weight row's integer sum and float steps the gemv's: the
-    logits of every batch in KS (6, 7, 8, 17 and 24 rows in calls of 6-12, a 40-row prompt in calls of 13-14)
-    are the same bits as with the AMX forms off, and the module says which ran."""
+    logits of every batch in KS (6, 7 and 8 rows in one call of one tile group, 17 and 24 rows in one call of two
+    groups that share the unpacked weights, a 40-row prompt in two such calls) are the same bits as with the AMX
+    forms off, and the module says which ran."""
     if not _amx_runs_here():
         pytest.skip("no AMX here (or Linux does not grant the tile state): the module runs the VNNI kernels only")
     path = _model_path(name)

@@ -474,13 +474,15 @@ SB_Q4_KX8_SWITCH(sb_q4_Kx8_q8_K_512, sb_q4_Kx8_q8_K_512_nr)
 //   for eight rows (a 64-bit lane a row): its low and high nibbles, masked, are one 32-byte group of
 //   four per row of sub-blocks 2sb and 2sb+1, and one vpermt2d per tile row joins the two groups of
 //   eight rows, in natural order, into the tiles' layout (a per-thread buffer, loaded as tiles).
-// * The activations' tile is their Q8_K codes as they lie (the rows of a call are equally spaced).
+// * The activations' tile is their Q8_K codes as they lie (the rows of a call are equally spaced). A call of
+//   17-32 rows runs two tiles of activation rows against the same unpacked codes (the real 1.5B's passes over
+//   17-24 rows took 0.90-0.93x the time so, against two calls).
 // * Two tiles accumulate the super-block's sums, C_l and C_h, over its 256 values (four TDPBSSD each),
 //   and each weight row's integer sum is C_l + 8 C_h, the gemv's sum of the sub-blocks' scaled sums.
 //   The mins' products are taken with madd from the activations' per-32 sums, and the float steps per
 //   row and super-block are those of ggml_gemv_q4_K_8x8_q8_K: the same integers and the same float
 //   operations per weight row, so each result equals the gemv's bit for bit (native/smallbatch/bench,
-//   1-16 rows).
+//   1-32 rows).
 // The tiles are configured at the start of each call and released at its end: other code on the same
 // thread (ONNX Runtime's or oneDNN's AMX kernels) may configure them otherwise in between.
 #if defined(SB_Q4_KX8_512) && defined(__linux__) && defined(__GNUC__) && (__GNUC__ >= 11 || defined(__clang__))
@@ -501,15 +503,21 @@ typedef struct {
     uint8_t  rows[16];
 } __attribute__((packed)) sb_tilecfg;
 
-// tmm0, tmm1: the low and high parts of the sums (nr x 16 int32); tmm2, tmm5: activations (nr x 64 bytes);
-// tmm3-4, tmm6-7: codes times the low and the high 3 bits of the scales (16 x 64 bytes)
-static SB_AMX_TARGET void sb_amx_configure(int nr) {
+// Up to 16 rows (m1 = 0): tmm0, tmm1 the low and high parts of the sums (m0 x 16 int32); tmm2, tmm5 activations
+// (m0 x 64 bytes); tmm3-4, tmm6-7 codes times the low and the high 3 bits of the scales (16 x 64 bytes), two
+// sub-block pairs at a time. 17-32 rows, in two groups of m0 and m1: tmm0-1 and tmm2-3 the two groups' sums,
+// tmm4 and tmm5 their activations, tmm6-7 the codes, shared by both groups.
+static SB_AMX_TARGET void sb_amx_configure(int m0, int m1) {
     sb_tilecfg cfg;
     memset(&cfg, 0, sizeof(cfg));
     cfg.palette = 1;
     for (int t = 0; t < 8; ++t) {
-        cfg.rows[t] = (uint8_t) (t == 0 || t == 1 || t == 2 || t == 5 ? nr : 16);
         cfg.colsb[t] = 64;
+        if (m1 == 0) {
+            cfg.rows[t] = (uint8_t) (t == 0 || t == 1 || t == 2 || t == 5 ? m0 : 16);
+        } else {
+            cfg.rows[t] = (uint8_t) (t == 0 || t == 1 || t == 4 ? m0 : t == 2 || t == 3 || t == 5 ? m1 : 16);
+        }
     }
     _tile_loadconfig(&cfg);
 }
@@ -518,7 +526,10 @@ static SB_AMX_TARGET void sb_q4_Kx8_q8_K_amx(int n, float * s, size_t bs, const 
                                              const int nr, int nc) {
     const int nb = n / QK_K;
     const size_t stride = (size_t) ((const char *) vy[nr > 1 ? 1 : 0] - (const char *) vy[0]);
-    sb_amx_configure(nr);
+    // past 16 rows two groups, which share each unpacking of the codes
+    const int m0 = nr > 16 ? (nr + 1) / 2 : nr;
+    const int m1 = nr - m0;
+    sb_amx_configure(m0, m1);
     const __m512i m4   = _mm512_set1_epi8(0x0f);
     const __m512i m7   = _mm512_set1_epi32(7);
     const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
@@ -596,17 +607,35 @@ static SB_AMX_TARGET void sb_q4_Kx8_q8_K_amx(int n, float * s, size_t bs, const 
             const char * a = (const char *) ((const block_q8_K *) vy[0] + b)->qs;
             _tile_zero(0);
             _tile_zero(1);
-            for (int sb = 0; sb < 4; sb += 2) {
-                _tile_loadd(2, a + 64 * sb, stride);
-                _tile_loadd(3, blo[sb], 64);
-                _tile_loadd(4, bhi[sb], 64);
-                _tile_dpbssd(0, 2, 3);
-                _tile_dpbssd(1, 2, 4);
-                _tile_loadd(5, a + 64 * sb + 64, stride);
-                _tile_loadd(6, blo[sb + 1], 64);
-                _tile_loadd(7, bhi[sb + 1], 64);
-                _tile_dpbssd(0, 5, 6);
-                _tile_dpbssd(1, 5, 7);
+            if (m1 == 0) {
+                for (int sb = 0; sb < 4; sb += 2) {
+                    _tile_loadd(2, a + 64 * sb, stride);
+                    _tile_loadd(3, blo[sb], 64);
+                    _tile_loadd(4, bhi[sb], 64);
+                    _tile_dpbssd(0, 2, 3);
+                    _tile_dpbssd(1, 2, 4);
+                    _tile_loadd(5, a + 64 * sb + 64, stride);
+                    _tile_loadd(6, blo[sb + 1], 64);
+                    _tile_loadd(7, bhi[sb + 1], 64);
+                    _tile_dpbssd(0, 5, 6);
+                    _tile_dpbssd(1, 5, 7);
+                }
+            } else {
+                const char * a1 = a + (size_t) m0 * stride;
+                _tile_zero(2);
+                _tile_zero(3);
+                for (int sb = 0; sb < 4; ++sb) {
+                    _tile_loadd(6, blo[sb], 64);
+                    _tile_loadd(7, bhi[sb], 64);
+                    _tile_loadd(4, a + 64 * sb, stride);
+                    _tile_loadd(5, a1 + 64 * sb, stride);
+                    _tile_dpbssd(0, 4, 6);
+                    _tile_dpbssd(1, 4, 7);
+                    _tile_dpbssd(2, 5, 6);
+                    _tile_dpbssd(3, 5, 7);
+                }
+                _tile_stored(2, sum_lo[m0], 64);
+                _tile_stored(3, sum_hi[m0], 64);
             }
             _tile_stored(0, sum_lo, 64);
             _tile_stored(1, sum_hi, 64);

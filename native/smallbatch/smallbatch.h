@@ -46,8 +46,9 @@ extern "C" {
 // rows of the 1.5B measured 2-3% faster so on Zen 4 (docs/kernels.md).
 int ggml_smallbatch_call_rows(int64_t left);
 // Activation rows a call of the repacked-Q4_K kernel takes when `left` remain: with the AMX kernel up to
-// GGML_SMALLBATCH_AMX_MAX_COLS (its tile multiplies cost the same for 1-16 rows), else as above.
-#define GGML_SMALLBATCH_AMX_MAX_COLS 16
+// GGML_SMALLBATCH_AMX_MAX_COLS (its tile multiplies cost the same for 1-16 rows, and two groups of up to 16
+// share one unpacking of the weights), else as above.
+#define GGML_SMALLBATCH_AMX_MAX_COLS 32
 int ggml_smallbatch_q4_K_call_rows(int64_t left);
 
 // s[w * bs + c] = dot(weight row w, vy[c]) for w < nw (1 <= nw <= GGML_SMALLBATCH_MAX_WROWS) and

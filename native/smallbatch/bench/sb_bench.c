@@ -618,8 +618,8 @@ static void time_f16(void) {
 #endif
 }
 
-// The repacked-Q4_K kernel in calls of up to ggml_smallbatch_q4_K_call_rows's count (16 with the AMX
-// kernel): every row against the gemv, 1-16 rows, and the time of calls of 12 and 16 rows against the old
+// The repacked-Q4_K kernel in calls of up to ggml_smallbatch_q4_K_call_rows's count (32 with the AMX
+// kernel): every row against the gemv, 1-32 rows, and the time of calls of 12-32 rows against the old
 // kernel's calls of up to 8.
 static int q4_K_wide(int n, int nrows, const bench_q4_Kx8 * w4x8, ggml_smallbatch_gemm_t new4, ggml_smallbatch_gemm_t old4,
                      int check_only) {
@@ -654,8 +654,8 @@ static int q4_K_wide(int n, int nrows, const bench_q4_Kx8 * w4x8, ggml_smallbatc
         failures += bad;
     }
     if (!check_only) {
-        static const int ncs[] = {12, 16};
-        for (int k = 0; k < 2; ++k) {
+        static const int ncs[] = {12, 16, 17, 24, 32};
+        for (int k = 0; k < 5; ++k) {
             const int nc = ncs[k];
             double t[2][REPEATS];
             for (int rep = 0; rep < REPEATS; ++rep) {
