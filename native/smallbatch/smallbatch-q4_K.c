@@ -318,6 +318,17 @@ static inline __attribute__((always_inline)) void sb_q4_Kx8_q8_K_avx2(int n, flo
 #endif
 
 #ifdef GGML_SMALLBATCH_HAS_512
+// ps[r * nb + b]: the sums of activation row r's 8 sub-blocks in super-block b as int16 (lane s of the
+// 128-bit vector: sub-blocks 2s and 2s+1), the same for every group of weight rows, so made once a call
+static inline void sb_q8_K_pair_sums(const void * const * vy, int nr, int nb, __m128i * ps) {
+    for (int r = 0; r < nr; ++r) {
+        for (int b = 0; b < nb; ++b) {
+            const __m256i bsums = _mm256_loadu_si256((const __m256i *) ((const block_q8_K *) vy[r] + b)->bsums);
+            ps[r * nb + b] = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
+        }
+    }
+}
+
 // 512-bit form (ggml_smallbatch_512: AMD Zen 4 and later, Intel with AMX). Zen 5 runs 512-bit vpdpbusd at full width
 // (two a cycle, as many as 256-bit ones); Zen 4 splits them in two halves, and still gains from the
 // form's fewer instructions of other kinds (1.16-1.19x the 256-bit kernel in cache at 2-8 rows). Where
@@ -355,15 +366,9 @@ static inline __attribute__((always_inline)) void sb_q4_Kx8_q8_K_512(int n, floa
     // bits of each 64-bit lane)
     const __m512i row_dwords = _mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 16, 18, 20, 22, 24, 26, 28, 30);
 
-    // per activation row and super-block: the sums of its 8 sub-blocks as int16 (lane s of a 128-bit
-    // vector: sub-blocks 2s and 2s+1), the same for every group of weight rows, so made once a call
+    // per activation row and super-block: the sums of its 8 sub-blocks (sb_q8_K_pair_sums)
     __m128i * ps = (__m128i *) __builtin_alloca(sizeof(__m128i) * (size_t) nr * (size_t) nb);
-    for (int r = 0; r < nr; ++r) {
-        for (int b = 0; b < nb; ++b) {
-            const __m256i bsums = _mm256_loadu_si256((const __m256i *) ((const block_q8_K *) vy[r] + b)->bsums);
-            ps[r * nb + b] = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
-        }
-    }
+    sb_q8_K_pair_sums(vy, nr, nb, ps);
 
     for (int x = 0; x < nc / 8; ++x) {
         const sb_block_q4_Kx8 * w = (const sb_block_q4_Kx8 *) vx + (size_t) x * nb;
@@ -540,12 +545,7 @@ static SB_AMX_TARGET void sb_q4_Kx8_q8_K_amx(int n, float * s, size_t bs, const 
     static __thread int32_t sum_hi[GGML_SMALLBATCH_AMX_MAX_COLS][16] __attribute__((aligned(64)));
 
     __m128i * ps = (__m128i *) __builtin_alloca(sizeof(__m128i) * (size_t) nr * (size_t) nb);
-    for (int r = 0; r < nr; ++r) {
-        for (int b = 0; b < nb; ++b) {
-            const __m256i bsums = _mm256_loadu_si256((const __m256i *) ((const block_q8_K *) vy[r] + b)->bsums);
-            ps[r * nb + b] = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
-        }
-    }
+    sb_q8_K_pair_sums(vy, nr, nb, ps);
 
     for (int x = 0; x < nc / 8; x += 2) {
         const int two = x + 1 < nc / 8;
