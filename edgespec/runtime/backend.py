@@ -373,17 +373,20 @@ def kernel_bits(kernels: str, system_info: str) -> int | None:
 def kernel_f16(kernels: str, system_info: str) -> bool | None:
     """Whether the small-batch kernels' F16 kernel runs (attention with vec_dot's sums from 2 rows on), as the
     loaded CPU module reports it (SMALLBATCH_F16 = 1); None when the small-batch kernels do not run."""
-    if kernels != "smallbatch":
-        return None
-    return features(system_info).get("SMALLBATCH_F16") == "1"
+    return _module_flag(kernels, system_info, "SMALLBATCH_F16")
 
 
 def kernel_amx(kernels: str, system_info: str) -> bool | None:
     """Whether the small-batch kernels take their AMX forms, as the loaded CPU module reports it
     (SMALLBATCH_AMX = 1); None when they do not run."""
+    return _module_flag(kernels, system_info, "SMALLBATCH_AMX")
+
+
+def _module_flag(kernels: str, system_info: str, name: str) -> bool | None:
+    """Whether the loaded small-batch module lists feature `name` as 1; None when its kernels do not run."""
     if kernels != "smallbatch":
         return None
-    return features(system_info).get("SMALLBATCH_AMX") == "1"
+    return features(system_info).get(name) == "1"
 
 
 def kernel_prefetch(kernels: str, system_info: str) -> str | None:

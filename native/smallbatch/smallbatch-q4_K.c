@@ -467,6 +467,16 @@ SB_Q4_KX8_SWITCH(SB_Q4_KX8_KERNEL, sb_q4_Kx8_q8_K_nr)
 SB_Q4_KX8_SWITCH(sb_q4_Kx8_q8_K_512, sb_q4_Kx8_q8_K_512_nr)
 #endif
 
+// The VNNI kernel of this build and CPU: the 512-bit form where ggml_smallbatch_512, else the 256-bit one
+static ggml_smallbatch_gemm_t sb_q4_Kx8_vnni(void) {
+#ifdef SB_Q4_KX8_512
+    if (ggml_smallbatch_512()) {
+        return sb_q4_Kx8_q8_K_512_nr;
+    }
+#endif
+    return sb_q4_Kx8_q8_K_nr;
+}
+
 // Intel AMX form (ggml_smallbatch_amx: Sapphire Rapids and later Xeons). One TDPBSSD multiplies a tile
 // of up to 16 activation rows x 64 int8 values by a tile of 16 x 64 bytes (for 16 weight rows, their 64
 // values as 16 groups of 4) into 16 int32 sums per activation row: 1,024 multiply-adds per activation
@@ -495,8 +505,8 @@ SB_Q4_KX8_SWITCH(sb_q4_Kx8_q8_K_512, sb_q4_Kx8_q8_K_512_nr)
 #define SB_AMX_TARGET __attribute__((target("amx-tile,amx-int8")))
 
 // Activation rows a call from which the AMX kernel runs; fewer go to the VNNI kernel. Passes of the real
-// 1.5B on a Sapphire Rapids-class Xeon (2 cores) took 1.01-1.09x the time with the AMX kernel at 2-5 rows
-// and 0.91-0.98x at 6-8 (docs/kernels.md): below about 6 rows its fixed cost per 16 weight rows (unpacking,
+// 1.5B on a Sapphire Rapids-class Xeon (2 cores) took 1.01-1.10x the time with the AMX kernel at 2-5 rows
+// and 0.91-0.99x at 6-8 (docs/kernels.md): below about 6 rows its fixed cost per 16 weight rows (unpacking,
 // tile loads) outweighs the multiplies it saves.
 #define SB_AMX_MIN_ROWS 6
 
@@ -679,13 +689,10 @@ static void sb_q4_Kx8_q8_K_amx_nr(int n, float * s, size_t bs, const void * vx, 
         sb_q4_Kx8_q8_K_amx(n, s, bs, vx, vy, nr, nc);
         return;
     }
+    const ggml_smallbatch_gemm_t vnni = sb_q4_Kx8_vnni();
     for (int r0 = 0, k = 0; r0 < nr; r0 += k) {  // calls of up to MAX_COLS rows
         k = ggml_smallbatch_call_rows(nr - r0);
-        if (ggml_smallbatch_512()) {
-            sb_q4_Kx8_q8_K_512_nr(n, s + r0 * bs, bs, vx, vy + r0, k, nc);
-        } else {
-            sb_q4_Kx8_q8_K_nr(n, s + r0 * bs, bs, vx, vy + r0, k, nc);
-        }
+        vnni(n, s + r0 * bs, bs, vx, vy + r0, k, nc);
     }
 }
 #endif
@@ -696,12 +703,7 @@ ggml_smallbatch_gemm_t ggml_smallbatch_q4_Kx8(void) {
         return sb_q4_Kx8_q8_K_amx_nr;
     }
 #endif
-#ifdef SB_Q4_KX8_512
-    if (ggml_smallbatch_512()) {
-        return sb_q4_Kx8_q8_K_512_nr;
-    }
-#endif
-    return sb_q4_Kx8_q8_K_nr;
+    return sb_q4_Kx8_vnni();
 }
 
 #else

@@ -38,17 +38,21 @@ static inline unsigned sb_amd_family(void) {
 #endif
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-// Whether the CPU reports AMX-INT8 (CPUID leaf 7, EDX bit 25): Intel's Sapphire Rapids and later Xeons,
-// whose cores have two 512-bit FMA units
-static inline int sb_cpu_amx_int8(void) {
+// CPUID leaf 7's EDX (bit 24 AMX-TILE, bit 25 AMX-INT8), 0 where the leaf is missing
+static inline unsigned sb_cpuid7_edx(void) {
     unsigned a, b, c, d;
-    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 25)) != 0;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) ? d : 0;
 }
 #else
-static inline int sb_cpu_amx_int8(void) {
+static inline unsigned sb_cpuid7_edx(void) {
     return 0;
 }
 #endif
+// Whether the CPU reports AMX-INT8: Intel's Sapphire Rapids and later Xeons, whose cores have two 512-bit
+// FMA units
+static inline int sb_cpu_amx_int8(void) {
+    return (sb_cpuid7_edx() & (1u << 25)) != 0;
+}
 
 // The 512-bit forms on AMD family 19h with AVX-512 (Zen 4) and later, and on Intel CPUs with AMX. Zen 5
 // runs 512-bit vpdpbusd at full width (twice the multiply-adds per cycle of 256-bit ones); Zen 4 splits
@@ -79,10 +83,10 @@ bool ggml_smallbatch_512(void) {
 #include <sys/syscall.h>
 #include <unistd.h>
 static int sb_amx_usable(void) {
-    unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 25))) {
+    if (!(sb_cpuid7_edx() & (1u << 24)) || !sb_cpu_amx_int8()) {
         return 0;  // no AMX-TILE or no AMX-INT8
     }
+    unsigned a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) {
         return 0;  // no OSXSAVE: xgetbv would fault
     }
@@ -125,17 +129,18 @@ __attribute__((constructor)) static void sb_prefetch_level(void) {
     ggml_smallbatch_prefetch_l2 = env != NULL && *env != '\0' ? atoi(env) != 0 : zen4;
 }
 
-int ggml_smallbatch_call_rows(int64_t left) {
-    const int64_t calls = (left + GGML_SMALLBATCH_MAX_COLS - 1) / GGML_SMALLBATCH_MAX_COLS;
+// rows of the first of the fewest calls of up to `max` rows that take `left` rows, as even as can be
+static int sb_even_call_rows(int64_t left, int64_t max) {
+    const int64_t calls = (left + max - 1) / max;
     return (int) ((left + calls - 1) / calls);
 }
 
+int ggml_smallbatch_call_rows(int64_t left) {
+    return sb_even_call_rows(left, GGML_SMALLBATCH_MAX_COLS);
+}
+
 int ggml_smallbatch_q4_K_call_rows(int64_t left) {
-    if (!ggml_smallbatch_amx()) {
-        return ggml_smallbatch_call_rows(left);
-    }
-    const int64_t calls = (left + GGML_SMALLBATCH_AMX_MAX_COLS - 1) / GGML_SMALLBATCH_AMX_MAX_COLS;
-    return (int) ((left + calls - 1) / calls);
+    return sb_even_call_rows(left, ggml_smallbatch_amx() ? GGML_SMALLBATCH_AMX_MAX_COLS : GGML_SMALLBATCH_MAX_COLS);
 }
 
 ggml_smallbatch_dot_t ggml_smallbatch_kernel(enum ggml_type type) {
